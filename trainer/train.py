@@ -1,0 +1,158 @@
+"""The common training loop: any `BatchSource` -> device feed -> jitted SGD step."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Mapping
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import NamedSharding, PartitionSpec
+from tqdm.auto import tqdm
+
+from loaders.protocol import BatchSource
+from sharding import DeviceFeed, batch_sharding
+from trainer.model import Params, init_params, predict
+
+Sums = dict[str, jax.Array]  # running on-device totals: loss, correct, count
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    """Hyper-parameters; defaults reach >= 90% on mnist-sample in 5 epochs."""
+
+    epochs: int = 5
+    learning_rate: float = 0.05
+    momentum: float = 0.9
+    seed: int = 0
+
+
+def _mask(batch: Mapping[str, jax.Array]) -> jax.Array:
+    if "mask" in batch:
+        return batch["mask"].astype(jnp.float32)
+    return jnp.ones(batch["label"].shape, jnp.float32)
+
+
+def _sums(log_probs: jax.Array, batch: Mapping[str, jax.Array]) -> Sums:
+    """Masked totals: padding rows never count towards loss or accuracy."""
+    mask = _mask(batch)
+    labels = batch["label"]
+    nll = -jnp.take_along_axis(log_probs, labels[:, None], axis=1)[:, 0]
+    correct = (jnp.argmax(log_probs, axis=1) == labels).astype(jnp.float32)
+    return {"loss": jnp.sum(nll * mask), "correct": jnp.sum(correct * mask), "count": jnp.sum(mask)}
+
+
+def _add(a: Sums, b: Sums) -> Sums:
+    return jax.tree.map(jnp.add, a, b)
+
+
+def _zero_sums() -> Sums:
+    return {k: jnp.zeros((), jnp.float32) for k in ("loss", "correct", "count")}
+
+
+def make_train_step(config: TrainConfig) -> Callable:
+    """A jitted SGD-with-momentum step on a masked mean loss."""
+
+    def loss_fn(params: Params, batch: Mapping[str, jax.Array]) -> tuple[jax.Array, Sums]:
+        sums = _sums(predict(params, batch["image"]), batch)
+        return sums["loss"] / jnp.maximum(sums["count"], 1.0), sums
+
+    @jax.jit
+    def step(params, velocity, totals, batch):
+        grads, sums = jax.grad(loss_fn, has_aux=True)(params, batch)
+        velocity = jax.tree.map(lambda v, g: config.momentum * v + g, velocity, grads)
+        params = jax.tree.map(lambda p, v: p - config.learning_rate * v, params, velocity)
+        return params, velocity, _add(totals, sums)
+
+    return step
+
+
+@jax.jit
+def _eval_step(params: Params, totals: Sums, batch: Mapping[str, jax.Array]) -> Sums:
+    return _add(totals, _sums(predict(params, batch["image"]), batch))
+
+
+def evaluate(params: Params, source: BatchSource, sharding: NamedSharding) -> float:
+    """Accuracy of ``params`` over one pass of ``source`` (padding excluded)."""
+    totals = _zero_sums()
+    with DeviceFeed(source, sharding) as feed:
+        for batch in feed:
+            totals = _eval_step(params, totals, batch)
+    totals = _to_host(totals)
+    return totals["correct"] / totals["count"]
+
+
+def _to_host(totals: Sums) -> dict[str, float]:
+    """Replicated scalars to floats; reads this process's copy, so it also
+    works for multi-host arrays that are not fully addressable."""
+    return {k: float(v.addressable_data(0)) for k, v in totals.items()}
+
+
+def train(
+    train_source: BatchSource,
+    test_source: BatchSource | None,
+    config: TrainConfig = TrainConfig(),
+    *,
+    sharding: NamedSharding | jax.sharding.Mesh | None = None,
+    on_epoch: Callable[[dict], None] | None = None,
+    progress: bool | None = None,
+) -> tuple[Params, list[dict]]:
+    """Trains the MLP; returns the final parameters and per-epoch metrics.
+
+    Args:
+      train_source: training batches (any `BatchSource`).
+      test_source: evaluated after every epoch, or None.
+      config: hyper-parameters.
+      sharding: batch sharding or mesh (default: all devices).
+      on_epoch: called with each epoch's metrics as soon as they exist.
+      progress: show a tqdm bar (default: only on a terminal).
+
+    Each epoch's metrics: ``loss``, ``train_accuracy`` (running, over the
+    epoch's batches), ``test_accuracy``, ``seconds``, ``samples_per_second``
+    and ``data_wait_fraction`` (share of the epoch's wall time the step loop
+    spent waiting for the next placed batch).
+    """
+    sharding = batch_sharding(sharding)
+    replicated = NamedSharding(sharding.mesh, PartitionSpec())
+    params = jax.device_put(init_params(jax.random.key(config.seed)), replicated)
+    velocity = jax.tree.map(jnp.zeros_like, params)
+    step = make_train_step(config)
+    history = []
+    for epoch in range(config.epochs):
+        totals = jax.device_put(_zero_sums(), replicated)
+        wait = 0.0
+        started = time.perf_counter()
+        with DeviceFeed(train_source, sharding, epoch=epoch) as feed:
+            bar = tqdm(
+                total=feed.num_batches,
+                desc=f"epoch {epoch + 1}",
+                leave=False,
+                disable=None if progress is None else not progress,  # None: TTY only
+            )
+            while True:
+                t = time.perf_counter()
+                batch = next(feed, None)
+                wait += time.perf_counter() - t
+                if batch is None:
+                    break
+                params, velocity, totals = step(params, velocity, totals, batch)
+                bar.update()
+            bar.close()
+        totals = _to_host(totals)
+        seconds = time.perf_counter() - started
+        metrics = {
+            "epoch": epoch + 1,
+            "loss": float(totals["loss"] / totals["count"]),
+            "train_accuracy": float(totals["correct"] / totals["count"]),
+            "test_accuracy": None,
+            "seconds": seconds,
+            "samples_per_second": float(totals["count"]) / seconds,
+            "data_wait_fraction": wait / seconds,
+        }
+        if test_source is not None:
+            metrics["test_accuracy"] = evaluate(params, test_source, sharding)
+        history.append(metrics)
+        if on_epoch is not None:
+            on_epoch(metrics)
+    return params, history
