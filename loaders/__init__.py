@@ -8,6 +8,7 @@ from loaders.datasets import DATASETS, ArrayDataset, load_dataset
 from loaders.protocol import ArraySpec, Batch, BatchSource
 from loaders.registry import BACKENDS, available, make
 from loaders.sampler import Sampler
+from loaders.wrap import wrap
 
 __all__ = [
     "BACKENDS",
@@ -20,4 +21,5 @@ __all__ = [
     "available",
     "load_dataset",
     "make",
+    "wrap",
 ]

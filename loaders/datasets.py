@@ -52,11 +52,15 @@ def _as_arrays(images: np.ndarray, labels: np.ndarray, source: str) -> tuple[np.
     if labels.ndim != 1:
         raise ValueError(f"{source}: labels have shape {labels.shape}, expected 1-D [N]")
     if len(images) != n:
-        raise ValueError(f"{source}: {len(images)} images but {n} labels; the counts must "
-                         "match, check that both files come from the same split")
-    if images.dtype != np.uint8 or images.size != n * 28 * 28:
-        raise ValueError(f"{source}: images are {images.dtype} {images.shape}, expected "
-                         f"uint8 ({n}, 28, 28); not MNIST-format images")
+        raise ValueError(
+            f"{source}: {len(images)} images but {n} labels; the counts must "
+            "match, check that both files come from the same split"
+        )
+    if images.dtype != np.uint8 or images.shape[1:] not in ((28, 28), (28, 28, 1), (784,)):
+        raise ValueError(
+            f"{source}: images are {images.dtype} {images.shape}, expected "
+            f"uint8 ({n}, 28, 28); not MNIST-format images"
+        )
     if not np.issubdtype(labels.dtype, np.integer):
         raise ValueError(f"{source}: labels are {labels.dtype}, expected integers")
     images = np.ascontiguousarray(images.reshape(n, 28, 28, 1))
@@ -69,8 +73,9 @@ def _as_arrays(images: np.ndarray, labels: np.ndarray, source: str) -> tuple[np.
 @functools.lru_cache(maxsize=8)
 def _read_pair(images_path: str, labels_path: str, _stamp: tuple) -> tuple[np.ndarray, ...]:
     # _stamp (sizes, mtimes) is only part of the key: a replaced file is re-read.
-    return _as_arrays(read_idx(images_path), read_idx(labels_path),
-                      f"{images_path} + {labels_path}")
+    return _as_arrays(
+        read_idx(images_path), read_idx(labels_path), f"{images_path} + {labels_path}"
+    )
 
 
 def _load_pair(directory: Path, split: str) -> tuple[np.ndarray, ...]:
@@ -179,15 +184,21 @@ def load_dataset(
     if isinstance(name, os.PathLike):
         name = os.fspath(name)
     if not isinstance(name, str):
-        raise TypeError(f"dataset name must be a str or path, got {type(name).__name__}; "
-                        f"pass one of {list(DATASETS)} or a directory path")
+        raise TypeError(
+            f"dataset name must be a str or path, got {type(name).__name__}; "
+            f"pass one of {list(DATASETS)} or a directory path"
+        )
     if name in _LOADERS:
         return _LOADERS[name](split, data_dir)
     directory = Path(name.removeprefix("idx:")).expanduser()
     if name.startswith("idx:") or directory.is_dir():
         if not directory.is_dir():
-            raise FileNotFoundError(f"{name!r}: directory {directory} does not exist; "
-                                    "pass a directory holding MNIST-style IDX files")
+            raise FileNotFoundError(
+                f"{name!r}: directory {directory} does not exist; "
+                "pass a directory holding MNIST-style IDX files"
+            )
         return ArrayDataset(f"idx:{directory}/{split}", *_load_pair(directory, split))
-    raise ValueError(f"unknown dataset {name!r}, expected one of {list(DATASETS)} or a "
-                     "directory of IDX files (e.g. 'idx:/path/to/mnist')")
+    raise ValueError(
+        f"unknown dataset {name!r}, expected one of {list(DATASETS)} or a "
+        "directory of IDX files (e.g. 'idx:/path/to/mnist')"
+    )

@@ -85,7 +85,7 @@ def read_idx(path: str | os.PathLike) -> np.ndarray:
         )
     code, ndim = data[2], data[3]
     if code not in _CODE_TO_DTYPE:
-        known = ", ".join(f"0x{c:02X} ({d.newbyteorder('=').name})" for c, d in _CODE_TO_DTYPE.items())
+        known = ", ".join(f"0x{c:02X} ({d.name})" for d, c in _DTYPE_TO_CODE.items())
         raise ValueError(
             f"{path}: unknown IDX dtype code 0x{code:02X}, expected one of {known}; "
             f"the file is damaged or not IDX, {_REDOWNLOAD}"
@@ -106,8 +106,10 @@ def read_idx(path: str | os.PathLike) -> np.ndarray:
     expected = math.prod(shape) * dtype.itemsize
     got = len(data) - header_len
     if got != expected:
-        problem = "the file is truncated" if got < expected else (
-            f"the file has {got - expected} bytes of trailing data"
+        problem = (
+            "the file is truncated"
+            if got < expected
+            else (f"the file has {got - expected} bytes of trailing data")
         )
         raise ValueError(
             f"{path}: payload has {got} bytes, expected {expected} for shape {shape} "

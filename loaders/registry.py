@@ -50,7 +50,20 @@ def register(backend: Backend) -> None:
     BACKENDS[backend.name] = backend
 
 
-register(Backend("numpy", "loaders.numpy_backend", ("numpy",), ("numpy",), "in-memory arrays"))
+for _backend in (
+    Backend("numpy", "loaders.numpy_backend", ("numpy",), ("numpy",), "in-memory numpy arrays"),
+    Backend("torch", "loaders.torch_backend", ("torch",), ("torch",), "torch.utils.data.DataLoader"),
+    Backend(
+        "tf",
+        "loaders.tf_backend",
+        ("tensorflow", "tensorflow_datasets"),
+        ("tensorflow", "tensorflow-datasets"),
+        "tf.data over a TFDS dataset directory",
+    ),
+    Backend("grain", "loaders.grain_backend", ("grain",), ("grain",), "Grain MapDataset"),
+    Backend("hf", "loaders.hf_backend", ("datasets",), ("datasets",), "Hugging Face datasets (Arrow)"),
+):
+    register(_backend)
 
 
 def get(name: str) -> Backend:

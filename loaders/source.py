@@ -7,6 +7,7 @@ with its own framework; padding, masks and dtypes are handled once, here.
 from __future__ import annotations
 
 import abc
+import itertools
 from collections.abc import Iterator, Mapping, Sequence
 
 import numpy as np
@@ -22,16 +23,28 @@ class SampledSource(abc.ABC):
     Args:
       dataset: the split to read.
       sampler: the index plan (batch size, seed, processes, remainder).
+      order: ``"sampler"`` (default): the shared order, byte-identical across
+        backends. ``"native"``: the framework's own shuffling, seeded by
+        ``seed`` and the epoch; reproducible for one backend but NOT
+        comparable across backends.
+
+    Raises:
+      ValueError: unknown ``order``, or a sampler that does not fit the dataset.
     """
 
-    def __init__(self, dataset: ArrayDataset, sampler: Sampler):
+    ORDERS = ("sampler", "native")
+
+    def __init__(self, dataset: ArrayDataset, sampler: Sampler, order: str = "sampler"):
         if sampler.num_examples != len(dataset):
             raise ValueError(
                 f"sampler covers {sampler.num_examples} examples but dataset "
                 f"{dataset.name} has {len(dataset)}"
             )
+        if order not in self.ORDERS:
+            raise ValueError(f"order must be one of {self.ORDERS}, got {order!r}")
         self.dataset = dataset
         self.sampler = sampler
+        self.order = order
 
     @property
     def batch_size(self) -> int:
@@ -53,6 +66,10 @@ class SampledSource(abc.ABC):
         return spec
 
     def iter_epoch(self, epoch: int = 0, *, start: int = 0) -> Iterator[Batch]:
+        if self.order == "native":
+            for batch in itertools.islice(self._native_epoch(epoch), start, None):
+                yield self._finish(batch, len(batch["label"]))
+            return
         plan = list(self.sampler.epoch_plan(epoch, start))
         fetched = self._fetch([indices for indices, _ in plan])
         for (_, num_valid), batch in zip(plan, fetched, strict=True):
@@ -77,18 +94,31 @@ class SampledSource(abc.ABC):
         """Yields one ``{"image", "label"}`` batch per index array, in order,
         read through the backend's own framework."""
 
+    def _native_epoch(self, epoch: int) -> Iterator[Mapping[str, np.ndarray]]:
+        """Yields this process's batches of ``epoch`` in the framework's own
+        shuffled order; the last may be short (it is padded here). Backends
+        that offer ``order="native"`` override this."""
+        raise ValueError(f"{type(self).__name__} has no native order; use order='sampler'")
+
     def _finish(self, batch: Mapping[str, np.ndarray], num_valid: int) -> Batch:
-        """Casts to the protocol's dtypes; zeroes padding rows and adds ``mask``."""
-        image = np.asarray(batch["image"], dtype=np.uint8)
-        label = np.asarray(batch["label"], dtype=np.int32)
-        assert len(image) == len(label) == self.batch_size, (len(image), len(label))
+        """Casts to the protocol's dtypes; pads to ``batch_size`` with zero
+        rows and adds ``mask``."""
+        image = np.asarray(batch["image"], dtype=np.uint8).reshape(
+            -1, *self.dataset.images.shape[1:]
+        )
+        label = np.asarray(batch["label"], dtype=np.int32).reshape(-1)
         if self.sampler.drop_remainder:
             return {"image": image, "label": label}
-        mask = np.arange(self.batch_size) < num_valid
         if num_valid < self.batch_size:
             # Zeroed padding is backend-independent, so padded batches are
             # byte-identical across backends too.
-            image, label = image.copy(), label.copy()
-            image[num_valid:] = 0
-            label[num_valid:] = 0
-        return {"image": image, "label": label, "mask": mask}
+            image = _pad(image[:num_valid], self.batch_size)
+            label = _pad(label[:num_valid], self.batch_size)
+        assert len(image) == len(label) == self.batch_size, (len(image), len(label))
+        return {"image": image, "label": label, "mask": np.arange(self.batch_size) < num_valid}
+
+
+def _pad(array: np.ndarray, size: int) -> np.ndarray:
+    out = np.zeros((size, *array.shape[1:]), array.dtype)
+    out[: len(array)] = array
+    return out

@@ -4,6 +4,7 @@ Mesh construction, NamedSharding placement of process-local batches (one
 device, many devices, many hosts), and the prefetching device feed.
 """
 
+from sharding.distributed import initialize
 from sharding.mesh import DATA_AXIS, batch_sharding, data_axis_size, make_mesh
 from sharding.placement import check_batch_size, place_batch
 from sharding.prefetch import DeviceFeed
@@ -14,6 +15,7 @@ __all__ = [
     "batch_sharding",
     "check_batch_size",
     "data_axis_size",
+    "initialize",
     "make_mesh",
     "place_batch",
 ]

@@ -86,6 +86,8 @@ class DeviceFeed:
         host_buffer: int = 4,
         device_buffer: int = 2,
     ):
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
         if host_buffer < 1 or device_buffer < 1:
             raise ValueError(
                 f"host_buffer and device_buffer must be >= 1, got {host_buffer}, {device_buffer}"
@@ -97,8 +99,8 @@ class DeviceFeed:
         self._device_buffer = device_buffer
         self._placed: collections.deque = collections.deque()
         self._queue: queue.Queue = queue.Queue(maxsize=host_buffer)
-        self._stop = threading.Event()
         self._exhausted = False
+        self._error: BaseException | None = None
         self._thread = threading.Thread(
             target=_produce,
             args=(source.iter_epoch(epoch, start=start), self._queue, self._stop),
@@ -112,19 +114,24 @@ class DeviceFeed:
 
     def __next__(self) -> dict[str, jax.Array]:
         while not self._exhausted and len(self._placed) < self._device_buffer:
+            if self._placed and self._queue.empty():
+                break  # don't wait for the loader while a placed batch is ready
             batch = self._take()
             if batch is _END:
                 self._exhausted = True
             else:
                 self._placed.append(place_batch(batch, self.sharding))
-            if self._placed and self._queue.empty():
-                break  # don't wait for the loader while a placed batch is ready
-        if not self._placed:
-            self.close()
-            raise StopIteration
-        return self._placed.popleft()
+        if self._placed:
+            return self._placed.popleft()
+        self.close()
+        if self._error is not None:
+            # Raised once, after every batch read before the failure was served.
+            error, self._error = self._error, None
+            raise error
+        raise StopIteration
 
     def _take(self) -> Any:
+        """The next host batch, or _END (also after a loader error, kept for later)."""
         started = time.perf_counter()
         try:
             while True:
@@ -137,13 +144,15 @@ class DeviceFeed:
         finally:
             self.wait_seconds += time.perf_counter() - started
         if error is not None:
-            self.close()
-            raise error
+            self._error = error
+            return _END
         return batch
 
     def close(self) -> None:
         """Stops the producer thread and drops buffered batches. Idempotent."""
         self._stop.set()
+        if self._thread is None:  # __init__ raised before the thread existed
+            return
         while True:  # unblock a producer waiting on a full queue
             try:
                 self._queue.get_nowait()

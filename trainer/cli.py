@@ -55,6 +55,10 @@ def build_parser() -> argparse.ArgumentParser:
                        metavar="KEY=VALUE", help="backend option, e.g. num_workers=2 (repeatable)")
     train.add_argument("--devices", type=_positive, default=None,
                        help="use N local devices (N simulated CPU devices without an accelerator)")
+    train.add_argument("--coordinator", default=None, metavar="HOST:PORT",
+                       help="multi-process: process 0's address (or JAXFEED_COORDINATOR)")
+    train.add_argument("--num-processes", type=_positive, default=None)
+    train.add_argument("--process-id", type=int, default=None)
     train.add_argument("--json", type=Path, default=None, help="write per-epoch metrics here")
     train.add_argument("--quiet", action="store_true", help="no progress bar")
 
@@ -70,20 +74,30 @@ def _set_devices(count: int | None) -> None:
     os.environ["XLA_FLAGS"] = " ".join([*flags, flag])
 
 
+def _pick_devices(devices: list, per_process: int | None) -> list:
+    """The first ``per_process`` devices of every process (all if None)."""
+    if per_process is None:
+        return devices
+    by_process: dict[int, list] = {}
+    for device in devices:
+        by_process.setdefault(device.process_index, []).append(device)
+    fewest = min(len(d) for d in by_process.values())
+    if per_process > fewest:
+        raise ValueError(f"--devices {per_process}: only {fewest} device(s) per process here")
+    return [d for group in by_process.values() for d in group[:per_process]]
+
+
 def _run_train(args: argparse.Namespace) -> int:
     _set_devices(args.devices)
     import jax
 
     import loaders
-    from sharding import make_mesh
+    from sharding import initialize, make_mesh
     from trainer.train import TrainConfig, train
 
-    devices = jax.local_devices()
-    if args.devices is not None:
-        if args.devices > len(devices):
-            raise SystemExit(f"--devices {args.devices}: only {len(devices)} device(s) here")
-        devices = devices[: args.devices]
-    mesh = make_mesh(devices)
+    initialize(args.coordinator, args.num_processes, args.process_id)
+    mesh = make_mesh(_pick_devices(jax.devices(), args.devices))
+    devices = mesh.devices.ravel()
     common = dict(
         dataset=args.dataset, data_dir=args.data_dir, batch_size=args.batch_size, seed=args.seed,
         process_index=jax.process_index(), process_count=jax.process_count(),
@@ -103,8 +117,10 @@ def _run_train(args: argparse.Namespace) -> int:
           f"train={train_source.num_batches} batches x {args.batch_size} "
           f"devices={mesh.devices.size} ({devices[0].platform}) processes={jax.process_count()}")
 
+    prefix = f"[process {jax.process_index()}] " if jax.process_count() > 1 else ""
+
     def report(m: dict) -> None:
-        print(f"epoch {m['epoch']}/{config.epochs}  loss {m['loss']:.4f}  "
+        print(f"{prefix}epoch {m['epoch']}/{config.epochs}  loss {m['loss']:.4f}  "
               f"train_acc {m['train_accuracy']:.4f}  test_acc {m['test_accuracy']:.4f}  "
               f"{m['samples_per_second']:,.0f} samples/s  "
               f"data-wait {100 * m['data_wait_fraction']:.1f}%  {m['seconds']:.2f}s", flush=True)

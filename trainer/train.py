@@ -118,6 +118,11 @@ def train(
     params = jax.device_put(init_params(jax.random.key(config.seed)), replicated)
     velocity = jax.tree.map(jnp.zeros_like, params)
     step = make_train_step(config)
+    # Multi-process on CPU (gloo): collectives of two in-flight steps can
+    # interleave differently across processes and deadlock (seen with jaxlib
+    # 0.10.2), so finish each step before dispatching the next. GPU/TPU keep
+    # asynchronous dispatch.
+    serialize_steps = jax.process_count() > 1 and sharding.mesh.devices.flat[0].platform == "cpu"
     history = []
     for epoch in range(config.epochs):
         totals = jax.device_put(_zero_sums(), replicated)
@@ -137,6 +142,8 @@ def train(
                 if batch is None:
                     break
                 params, velocity, totals = step(params, velocity, totals, batch)
+                if serialize_steps:
+                    jax.block_until_ready(totals)
                 bar.update()
             bar.close()
         totals = _to_host(totals)

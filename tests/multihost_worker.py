@@ -1,0 +1,88 @@
+"""One process of a multi-process test job (started by test_multihost.py).
+
+Usage: python multihost_worker.py COORDINATOR NUM_PROCESSES PROCESS_ID OUT_DIR BACKENDS
+Each process checks every global batch against the single-process order,
+records which samples it saw, trains one epoch, and writes OUT_DIR/process{I}.json.
+"""
+
+import hashlib
+import json
+import os
+import sys
+
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
+os.environ["JAX_PLATFORMS"] = "cpu"
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+from jax.experimental import multihost_utils  # noqa: E402
+
+import loaders  # noqa: E402
+import sharding  # noqa: E402
+from trainer import TrainConfig, train  # noqa: E402
+
+DATASET, LOCAL_BATCH, SEED = "mnist-sample", 24, 5
+
+
+def digest(array: np.ndarray) -> str:
+    return hashlib.sha1(np.ascontiguousarray(array).tobytes()).hexdigest()
+
+
+def local_rows(array: jax.Array) -> np.ndarray:
+    """This process's rows of a batch-sharded global array, in row order."""
+    shards = sorted(array.addressable_shards, key=lambda s: s.index[0].start)
+    return np.concatenate([np.asarray(s.data) for s in shards])
+
+
+def check_backend(backend: str, mesh) -> dict:
+    processes, me = jax.process_count(), jax.process_index()
+    kwargs = dict(dataset=DATASET, split="test", seed=SEED)
+    source = loaders.make(backend, batch_size=LOCAL_BATCH, process_index=me,
+                          process_count=processes, **kwargs)
+    single = loaders.make("numpy", batch_size=LOCAL_BATCH * processes, **kwargs)
+    seen, steps, identical, padded_steps = [], 0, True, 0
+    for epoch in (0, 1):
+        expected = list(single.iter_epoch(epoch))
+        with sharding.DeviceFeed(source, mesh, epoch=epoch) as feed:
+            for step, batch in enumerate(feed):
+                assert batch["image"].shape[0] == LOCAL_BATCH * processes
+                assert batch["image"].sharding.spec == jax.sharding.PartitionSpec("data")
+                full = {k: np.asarray(multihost_utils.process_allgather(v, tiled=True))
+                        for k, v in batch.items()}
+                for key in ("image", "label", "mask"):
+                    identical &= bool(np.array_equal(full[key], expected[step][key]))
+                padded_steps += int(not full["mask"].all())
+                if epoch == 0:
+                    images, mask = local_rows(batch["image"]), local_rows(batch["mask"])
+                    assert len(images) == LOCAL_BATCH
+                    seen += [digest(image) for image in images[mask]]
+                steps += 1
+        identical &= step + 1 == len(expected)
+    return {"seen": seen, "steps": steps, "identical_to_single_process": identical,
+            "padded_steps": padded_steps}
+
+
+def main() -> None:
+    coordinator, processes, me, out_dir, backends = sys.argv[1:6]
+    sharding.initialize(coordinator, int(processes), int(me))
+    mesh = sharding.make_mesh()
+    result = {"process": jax.process_index(), "devices": jax.device_count(),
+              "local_devices": jax.local_device_count(), "backends": {}}
+    for backend in backends.split(","):
+        result["backends"][backend] = check_backend(backend, mesh)
+    common = dict(dataset=DATASET, batch_size=LOCAL_BATCH, seed=SEED,
+                  process_index=jax.process_index(), process_count=jax.process_count())
+    params, history = train(loaders.make("numpy", split="train", **common),
+                            loaders.make("numpy", split="test", shuffle=False, **common),
+                            TrainConfig(epochs=1, seed=SEED), sharding=mesh, progress=False)
+    result["history"] = history
+    result["params"] = digest(np.concatenate(
+        [np.asarray(leaf.addressable_data(0)).ravel() for leaf in jax.tree.leaves(params)]))
+    with open(os.path.join(out_dir, f"process{me}.json"), "w") as f:
+        json.dump(result, f)
+    jax.distributed.shutdown()
+
+
+if __name__ == "__main__":
+    main()

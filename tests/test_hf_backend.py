@@ -1,0 +1,135 @@
+"""Quirks of the Hugging Face backend (the shared contract suite covers the rest)."""
+
+import shutil
+
+import numpy as np
+import pytest
+
+import loaders
+from loaders import hf_backend
+from loaders.datasets import ArrayDataset
+from loaders.sampler import Sampler
+
+datasets = pytest.importorskip("datasets")
+
+
+def _synthetic(n: int = 300) -> ArrayDataset:
+    """Labels 0..n-1, so every label names its row and coverage is exact."""
+    images = np.random.default_rng(0).integers(0, 256, (n, 28, 28, 1), dtype=np.uint8)
+    return ArrayDataset("synthetic/train", images, np.arange(n, dtype=np.int32))
+
+
+def _native(data: ArrayDataset, **sampler_args) -> hf_backend.HFSource:
+    sampler = Sampler(num_examples=len(data), **sampler_args)
+    return hf_backend.build(data, sampler, order="native")
+
+
+def _valid_labels(source, epoch: int) -> np.ndarray:
+    batches = list(source.iter_epoch(epoch))
+    assert len(batches) == source.num_batches
+    return np.concatenate([b["label"][b["mask"]] if "mask" in b else b["label"] for b in batches])
+
+
+def _count_saves(monkeypatch) -> list:
+    saves = []
+    save = datasets.Dataset.save_to_disk
+
+    def counting(self, path, *args, **kwargs):
+        saves.append(path)
+        return save(self, path, *args, **kwargs)
+
+    monkeypatch.setattr(datasets.Dataset, "save_to_disk", counting)
+    return saves
+
+
+def test_cache_is_an_arrow_dataset_built_once(tmp_path, monkeypatch):
+    monkeypatch.setenv("JAXFEED_CACHE_DIR", str(tmp_path))
+    saves = _count_saves(monkeypatch)
+    source = loaders.make("hf", dataset="mnist-sample", split="test", batch_size=50)
+    assert len(saves) == 1
+    assert source.path.parent == tmp_path / "hf"
+    assert source.path.name.startswith("mnist-sample-test-")
+
+    stored = datasets.load_from_disk(str(source.path))
+    assert stored.num_rows == 1000
+    assert stored.features == datasets.Features(
+        {
+            "image": datasets.Sequence(datasets.Value("uint8"), length=784),
+            "label": datasets.Value("int32"),
+        }
+    )
+    data = loaders.load_dataset("mnist-sample", "test")
+    rows = stored.with_format("numpy", dtype=np.uint8)[[0, 999]]["image"]
+    np.testing.assert_array_equal(rows.reshape(2, 28, 28, 1), data.images[[0, 999]])
+
+    again = loaders.make("hf", dataset="mnist-sample", split="test", batch_size=50)
+    assert again.path == source.path and len(saves) == 1  # reused, not rebuilt
+    assert sorted(p.name for p in (tmp_path / "hf").iterdir()) == [source.path.name]
+
+
+def test_losing_a_build_race_keeps_the_winners_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("JAXFEED_CACHE_DIR", str(tmp_path))
+    data = _synthetic(40)
+    save = datasets.Dataset.save_to_disk
+
+    def save_then_get_beaten(self, path, *args, **kwargs):
+        save(self, path, *args, **kwargs)
+        final = tmp_path / "hf" / f"synthetic-train-{hf_backend._digest(data)}"
+        shutil.copytree(path, final)  # another process renamed its copy in first
+
+    monkeypatch.setattr(datasets.Dataset, "save_to_disk", save_then_get_beaten)
+    path = hf_backend.arrow_cache(data)
+    assert [p.name for p in (tmp_path / "hf").iterdir()] == [path.name]  # scratch removed
+    assert datasets.load_from_disk(str(path)).num_rows == 40
+
+
+@pytest.mark.parametrize("read", ["take", "getitem"])
+def test_batches_match_numpy_for_two_epochs(read):
+    args = dict(dataset="mnist-sample", batch_size=384, seed=3)  # 4000 % 384 != 0: padding
+    source = loaders.make("hf", read=read, **args)
+    reference = loaders.make("numpy", **args)
+    for epoch in (0, 1):
+        got, expected = list(source.iter_epoch(epoch)), list(reference.iter_epoch(epoch))
+        assert len(got) == len(expected)
+        for a, b in zip(got, expected, strict=True):
+            assert a.keys() == b.keys()
+            for key in a:
+                assert a[key].dtype == b[key].dtype and a[key].shape == b[key].shape, key
+                np.testing.assert_array_equal(a[key], b[key], err_msg=key)
+
+
+def test_native_order_is_seeded_reshuffled_and_covers_each_sample_once():
+    data = _synthetic()
+    first = _valid_labels(_native(data, batch_size=32, seed=5), 0)
+    assert np.array_equal(first, _valid_labels(_native(data, batch_size=32, seed=5), 0))
+    assert np.array_equal(np.sort(first), np.arange(len(data)))
+    second = _valid_labels(_native(data, batch_size=32, seed=5), 1)
+    assert np.array_equal(np.sort(second), np.arange(len(data)))
+    assert not np.array_equal(first, second)
+    assert not np.array_equal(first, _valid_labels(_native(data, batch_size=32, seed=6), 0))
+    # datasets' indices mappings stay in memory: nothing is written next to the cache.
+    assert [p.name for p in _native(data, batch_size=32).path.iterdir() if "cache-" in p.name] == []
+
+
+@pytest.mark.parametrize("drop_remainder", [False, True])
+def test_native_order_shards_over_processes(drop_remainder):
+    data = _synthetic(301)  # contiguous shards of 101, 100, 100 rows
+    shards = [
+        _native(
+            data, batch_size=16, process_index=p, process_count=3, drop_remainder=drop_remainder
+        )
+        for p in range(3)
+    ]
+    seen = np.concatenate([_valid_labels(s, 0) for s in shards])  # equal batch counts asserted
+    assert len(seen) == len(set(seen.tolist()))
+    if drop_remainder:
+        assert len(seen) == shards[0].num_batches * 16 * 3
+    else:
+        assert np.array_equal(np.sort(seen), np.arange(len(data)))
+
+
+def test_options_are_checked():
+    with pytest.raises(TypeError, match=r"unknown option\(s\) \['num_workers'\]"):
+        loaders.make("hf", dataset="mnist-sample", num_workers=2)
+    with pytest.raises(ValueError, match="read must be one of"):
+        loaders.make("hf", dataset="mnist-sample", read="select")

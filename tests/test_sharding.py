@@ -1,0 +1,161 @@
+"""The sharding-and-prefetch core on 8 simulated CPU devices."""
+
+import gc
+import threading
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+import loaders
+from loaders.protocol import ArraySpec
+from sharding import DeviceFeed, batch_sharding, check_batch_size, make_mesh, place_batch
+
+
+def _source(batch_size=16, **kwargs):
+    return loaders.make("numpy", dataset="mnist-sample", batch_size=batch_size, **kwargs)
+
+
+def _feed_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("jaxfeed-prefetch")]
+
+
+def test_eight_cpu_devices_are_visible():
+    assert jax.device_count() == 8
+
+
+def test_placed_batches_are_sharded_over_the_data_axis_in_order():
+    source = _source(batch_size=16, split="test", shuffle=False)
+    mesh = make_mesh()
+    host = next(source.iter_epoch(0))
+    with DeviceFeed(source, mesh) as feed:
+        batch = next(feed)
+    assert set(batch) == {"image", "label", "mask"}
+    image = batch["image"]
+    assert image.shape == (16, 28, 28, 1) and image.dtype == jnp.uint8
+    assert image.sharding == NamedSharding(mesh, PartitionSpec("data"))
+    shards = sorted(image.addressable_shards, key=lambda s: s.index[0].start)
+    assert len(shards) == 8
+    for i, shard in enumerate(shards):
+        assert shard.data.shape == (2, 28, 28, 1)
+        np.testing.assert_array_equal(np.asarray(shard.data), host["image"][2 * i : 2 * i + 2])
+    np.testing.assert_array_equal(np.asarray(batch["label"]), host["label"])
+
+
+def test_two_dimensional_mesh_replicates_over_model_axis():
+    mesh = make_mesh(model=2)
+    assert mesh.axis_names == ("data", "model") and mesh.shape["data"] == 4
+    sharding = batch_sharding(mesh)
+    placed = place_batch({"x": np.arange(8, dtype=np.int32)}, sharding)
+    assert placed["x"].sharding.spec == PartitionSpec("data")
+    # 8 devices hold 4 distinct 2-row shards, each twice (replicated over 'model').
+    rows = sorted(tuple(np.asarray(s.data)) for s in placed["x"].addressable_shards)
+    assert rows == sorted([(0, 1), (2, 3), (4, 5), (6, 7)] * 2)
+
+
+def test_user_sharding_is_used_as_is():
+    mesh = Mesh(np.array(jax.devices()[:4]), ("batch",))
+    sharding = NamedSharding(mesh, PartitionSpec("batch"))
+    with DeviceFeed(_source(batch_size=8), sharding) as feed:
+        assert next(feed)["image"].sharding == sharding
+
+
+def test_batch_that_does_not_divide_raises_before_any_data_moves():
+    calls = []
+
+    class Spy:
+        batch_size, num_batches = 100, 1
+        element_spec = {"x": ArraySpec((100,), np.dtype(np.int32))}
+
+        def iter_epoch(self, epoch=0, *, start=0):
+            calls.append(epoch)
+            yield {"x": np.zeros(100, np.int32)}
+
+    with pytest.raises(ValueError, match=r"global batch 100 .* does not divide over 8 devices on "
+                       r"mesh axis 'data'. Pick a batch_size that is a multiple of 8 \(e.g. 96 or 104\)"):
+        DeviceFeed(Spy(), make_mesh())
+    assert calls == []
+
+
+def test_unknown_mesh_axis():
+    with pytest.raises(ValueError, match=r"mesh axis 'data' not found; the mesh has axes \('batch',\)"):
+        batch_sharding(Mesh(np.array(jax.devices()), ("batch",)))
+
+
+def test_model_axis_must_divide_devices():
+    with pytest.raises(ValueError, match="model axis size 3 does not divide the 8 devices"):
+        make_mesh(model=3)
+
+
+def test_check_batch_size_accepts_multiples():
+    check_batch_size(24, batch_sharding(make_mesh()))
+
+
+def test_loader_errors_are_reraised_in_the_consumer():
+    class Broken:
+        batch_size, num_batches = 8, 3
+        element_spec = {"x": ArraySpec((8,), np.dtype(np.int32))}
+
+        def iter_epoch(self, epoch=0, *, start=0):
+            yield {"x": np.zeros(8, np.int32)}
+            raise OSError("disk on fire")
+
+    feed = DeviceFeed(Broken(), make_mesh())
+    assert next(feed)["x"].shape == (8,)
+    with pytest.raises(OSError, match="disk on fire"):
+        next(feed)
+    feed.close()
+    assert not _feed_threads()
+
+
+def test_close_stops_a_producer_blocked_on_a_full_queue():
+    class Endless:
+        batch_size, num_batches = 8, None
+        element_spec = {"x": ArraySpec((8,), np.dtype(np.int32))}
+
+        def iter_epoch(self, epoch=0, *, start=0):
+            while True:
+                yield {"x": np.zeros(8, np.int32)}
+
+    with DeviceFeed(Endless(), make_mesh(), host_buffer=2) as feed:
+        next(feed)
+        time.sleep(0.3)  # let the producer fill the queue and block
+    assert not _feed_threads()
+
+
+def test_abandoned_feed_is_collected_and_its_thread_ends():
+    feed = DeviceFeed(_source(batch_size=8), make_mesh())
+    next(feed)
+    del feed
+    gc.collect()
+    deadline = time.time() + 5
+    while _feed_threads() and time.time() < deadline:
+        time.sleep(0.05)
+    assert not _feed_threads()
+
+
+def test_feed_yields_the_whole_epoch_then_stops():
+    source = _source(batch_size=200, split="test", shuffle=False)
+    with DeviceFeed(source, make_mesh()) as feed:
+        batches = list(feed)
+    assert len(batches) == source.num_batches == 5
+    assert sum(int(b["mask"].sum()) for b in batches) == 1000
+
+
+def test_jitted_step_consumes_placed_batches():
+    @jax.jit
+    def total(batch):
+        return jnp.sum(batch["label"] * batch["mask"])
+
+    source = _source(batch_size=64, split="test", shuffle=False)
+    expected = int(loaders.load_dataset("mnist-sample", "test").labels.sum())
+    with DeviceFeed(source, make_mesh()) as feed:
+        assert sum(int(total(b)) for b in feed) == expected
+
+
+def test_bad_buffer_sizes():
+    with pytest.raises(ValueError, match="host_buffer and device_buffer must be >= 1"):
+        DeviceFeed(_source(), make_mesh(), host_buffer=0)

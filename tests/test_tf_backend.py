@@ -1,0 +1,171 @@
+"""Quirks of the tf backend: the TFDS cache, tf.data order, no GPU for TF."""
+
+import os
+
+import numpy as np
+import pytest
+
+pytest.importorskip("tensorflow")
+pytest.importorskip("tensorflow_datasets")
+
+import tensorflow as tf
+import tensorflow_datasets as tfds
+
+import loaders
+from loaders import tf_backend
+from loaders.datasets import ArrayDataset
+from loaders.sampler import Sampler
+
+BATCH = 512  # 8 batches of mnist-sample/train, the last one padded
+
+
+def _indexed(n: int) -> ArrayDataset:
+    """A dataset whose label is the example's index, so order is visible."""
+    images = (np.arange(n) % 256).astype(np.uint8)[:, None, None, None]
+    images = np.ascontiguousarray(np.broadcast_to(images, (n, 28, 28, 1)))
+    return ArrayDataset("indexed/train", images, np.arange(n, dtype=np.int32))
+
+
+def _valid_labels(source, epoch):
+    batches = source.iter_epoch(epoch)
+    return np.concatenate([b["label"][b["mask"]] if "mask" in b else b["label"] for b in batches])
+
+
+@pytest.fixture
+def empty_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("JAXFEED_CACHE_DIR", str(tmp_path))
+    return tmp_path
+
+
+def _no_build(*args, **kwargs):
+    raise AssertionError("the TFDS dataset was rebuilt instead of reused")
+
+
+def test_cache_is_a_real_tfds_dataset_built_once(empty_cache, monkeypatch):
+    source = loaders.make("tf", dataset="mnist-sample", split="test", batch_size=BATCH)
+    builder_dir = source.builder_dir
+    assert builder_dir.is_relative_to(empty_cache / "tfds")
+    info_file = builder_dir / "dataset_info.json"
+    stamp = info_file.stat().st_mtime_ns
+
+    builder = tfds.builder_from_directory(builder_dir)
+    assert builder.info.splits["test"].num_examples == 1000
+    assert builder.info.file_format.value == "tfrecord"
+    # Plain tfds.load finds it too: a real TFDS dataset, not files of our own.
+    data_dir = builder_dir.parents[1]
+    ds = tfds.load(tf_backend.TFDS_NAME, split="test", data_dir=data_dir, download=False)
+    first = next(iter(tfds.as_numpy(ds)))
+    np.testing.assert_array_equal(first["image"], source.dataset.images[0])
+
+    monkeypatch.setattr(tfds.dataset_builders, "store_as_tfds_dataset", _no_build)
+    again = loaders.make("tf", dataset="mnist-sample", split="test", batch_size=BATCH)
+    assert again.builder_dir == builder_dir and info_file.stat().st_mtime_ns == stamp
+    assert sorted(p.name for p in (empty_cache / "tfds").iterdir()) == [builder_dir.parents[1].name]
+
+
+def test_other_data_gets_its_own_cache(empty_cache):
+    a = tf_backend.prepare_tfds(_indexed(100))
+    b = tf_backend.prepare_tfds(_indexed(101))
+    assert a != b and a.parents[1].name.startswith("indexed-train-")
+
+
+def test_failed_build_leaves_nothing_behind(empty_cache, monkeypatch):
+    def crash(*args, data_dir, **kwargs):
+        (data_dir / "half-written").write_text("x")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(tfds.dataset_builders, "store_as_tfds_dataset", crash)
+    with pytest.raises(OSError, match="disk full"):
+        tf_backend.prepare_tfds(_indexed(100))
+    assert list((empty_cache / "tfds").iterdir()) == []
+
+
+def test_losing_the_build_race_keeps_the_winners_copy(empty_cache, monkeypatch):
+    store = tfds.dataset_builders.store_as_tfds_dataset
+    data = _indexed(100)
+    final = empty_cache / "tfds" / tf_backend.cache_key(data)
+
+    def race(*args, data_dir, split_datasets, **kwargs):
+        # Another process finishes first and renames its copy into place.
+        splits = {name: list(examples) for name, examples in split_datasets.items()}
+        store(*args, data_dir=data_dir.parent / "winner", split_datasets=splits, **kwargs)
+        (data_dir.parent / "winner").rename(final)
+        return store(*args, data_dir=data_dir, split_datasets=splits, **kwargs)
+
+    monkeypatch.setattr(tfds.dataset_builders, "store_as_tfds_dataset", race)
+    builder_dir = tf_backend.prepare_tfds(data)
+    assert builder_dir == final / tf_backend.TFDS_NAME / tf_backend.TFDS_VERSION
+    assert [p.name for p in (empty_cache / "tfds").iterdir()] == [final.name]
+    source = tf_backend.TfSource(data, Sampler(100, 10, seed=0))
+    np.testing.assert_array_equal(np.sort(_valid_labels(source, 0)), np.arange(100))
+
+
+@pytest.mark.parametrize("drop_remainder", [False, True])
+def test_matches_numpy_backend(drop_remainder):
+    options = dict(dataset="mnist-sample", batch_size=BATCH, seed=5, drop_remainder=drop_remainder)
+    numpy_source, tf_source = loaders.make("numpy", **options), loaders.make("tf", **options)
+    for epoch in range(2):
+        want = list(numpy_source.iter_epoch(epoch))
+        got = list(tf_source.iter_epoch(epoch))
+        assert len(got) == len(want) == (7 if drop_remainder else 8)
+        for g, w in zip(got, want, strict=True):
+            assert g.keys() == w.keys()
+            for key in w:
+                assert type(g[key]) is np.ndarray and g[key].dtype == w[key].dtype
+                np.testing.assert_array_equal(g[key], w[key])
+    resumed = list(tf_source.iter_epoch(1, start=6))
+    np.testing.assert_array_equal(resumed[0]["image"], want[6]["image"])
+    assert list(tf_source.iter_epoch(1, start=tf_source.num_batches)) == []
+
+
+def test_native_order_is_seeded_per_epoch_and_covers_every_sample():
+    data = _indexed(1000)
+
+    def native(seed):
+        return tf_backend.TfSource(data, Sampler(1000, 64, seed=seed), order="native")
+
+    first = _valid_labels(native(7), 0)
+    np.testing.assert_array_equal(first, _valid_labels(native(7), 0))
+    np.testing.assert_array_equal(np.sort(first), np.arange(1000))
+    second = _valid_labels(native(7), 1)
+    np.testing.assert_array_equal(np.sort(second), np.arange(1000))
+    assert not np.array_equal(first, second)
+    assert not np.array_equal(first, _valid_labels(native(8), 0))
+    assert not np.array_equal(first, np.arange(1000))
+
+
+@pytest.mark.parametrize("drop_remainder", [False, True])
+def test_native_order_shards_with_equal_batch_counts(drop_remainder):
+    data, count = _indexed(1000), 3  # 1000 is not a multiple of 3 or of 3 * 64
+    shards = []
+    for index in range(count):
+        sampler = Sampler(
+            1000,
+            64,
+            seed=2,
+            drop_remainder=drop_remainder,
+            process_index=index,
+            process_count=count,
+        )
+        source = tf_backend.TfSource(data, sampler, order="native")
+        assert len(list(source.iter_epoch(0))) == source.num_batches
+        shards.append(_valid_labels(source, 0))
+    seen = np.concatenate(shards)
+    if drop_remainder:
+        assert len(seen) == len(np.unique(seen)) == 64 * 3 * 5
+    else:  # padded with its own first 2 examples so 1002 divides over 3 processes
+        np.testing.assert_array_equal(np.unique(seen), np.arange(1000))
+        assert len(seen) == 1002
+
+
+def test_tensorflow_sees_no_gpu():
+    loaders.make("tf", dataset="mnist-sample", batch_size=BATCH)
+    assert tf.config.get_visible_devices("GPU") == []
+    assert os.environ.get("TF_CPP_MIN_LOG_LEVEL")
+
+
+def test_options_are_checked():
+    with pytest.raises(TypeError, match=r"unknown options \['num_workers'\]; it takes \['order'\]"):
+        loaders.make("tf", dataset="mnist-sample", num_workers=2)
+    with pytest.raises(ValueError, match="order must be one of"):
+        loaders.make("tf", dataset="mnist-sample", order="random")

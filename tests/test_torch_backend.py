@@ -1,0 +1,168 @@
+"""Quirks of the torch backend (the shared contract suite covers the rest)."""
+
+import faulthandler
+
+import numpy as np
+import pytest
+
+pytest.importorskip("torch")
+
+import loaders
+from loaders import torch_backend
+from loaders.datasets import ArrayDataset
+from loaders.sampler import Sampler
+
+BATCH = 512  # 8 batches of mnist-sample/train, the last one padded
+
+
+def _epochs(source, epochs=2):
+    return [list(source.iter_epoch(epoch)) for epoch in range(epochs)]
+
+
+def _assert_identical(got, want):
+    assert len(got) == len(want)
+    for got_epoch, want_epoch in zip(got, want, strict=True):
+        assert len(got_epoch) == len(want_epoch)
+        for g, w in zip(got_epoch, want_epoch, strict=True):
+            assert g.keys() == w.keys()
+            for key in w:
+                assert type(g[key]) is np.ndarray, (key, type(g[key]))
+                assert g[key].dtype == w[key].dtype and g[key].shape == w[key].shape
+                np.testing.assert_array_equal(g[key], w[key])
+
+
+def _indexed(n: int) -> ArrayDataset:
+    """A dataset whose label is the example's index, so order is visible."""
+    images = np.broadcast_to(
+        (np.arange(n) % 256).astype(np.uint8)[:, None, None, None], (n, 28, 28, 1)
+    )
+    return ArrayDataset("indexed/train", np.ascontiguousarray(images), np.arange(n, dtype=np.int32))
+
+
+def _native_labels(source, epoch):
+    return [b["label"][b["mask"]] if "mask" in b else b["label"] for b in source.iter_epoch(epoch)]
+
+
+@pytest.fixture
+def deadlock_guard():
+    """Fails loudly (traceback + exit) instead of hanging CI if workers deadlock."""
+    faulthandler.dump_traceback_later(240, exit=True)
+    yield
+    faulthandler.cancel_dump_traceback_later()
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {},
+        {"num_workers": 2},
+        {"num_workers": 2, "persistent_workers": True, "prefetch_factor": 4},
+    ],
+    ids=["in-process", "workers", "persistent-workers"],
+)
+def test_matches_numpy_backend_after_jax_started(options, deadlock_guard):
+    import jax
+
+    # XLA's threads are running now: forked workers could deadlock, spawned ones must not.
+    jax.numpy.ones(3).block_until_ready()
+    want = _epochs(loaders.make("numpy", dataset="mnist-sample", batch_size=BATCH, seed=3))
+    source = loaders.make("torch", dataset="mnist-sample", batch_size=BATCH, seed=3, **options)
+    _assert_identical(_epochs(source), want)
+
+
+def test_getitems_gathers_each_batch_once(monkeypatch):
+    calls = []
+    gather = torch_backend.ArrayTorchDataset.__getitems__
+
+    def counting(self, indices):
+        calls.append(np.asarray(indices))
+        return gather(self, indices)
+
+    def per_sample(self, index):
+        raise AssertionError("__getitem__ called: the loader fell back to per-sample reads")
+
+    monkeypatch.setattr(torch_backend.ArrayTorchDataset, "__getitems__", counting)
+    monkeypatch.setattr(torch_backend.ArrayTorchDataset, "__getitem__", per_sample)
+    source = loaders.make("torch", dataset="mnist-sample", batch_size=BATCH, seed=1)
+    batches = list(source.iter_epoch(0))
+    assert len(calls) == len(batches) == source.num_batches == 8
+    expected = loaders.Sampler(4000, BATCH, seed=1).epoch_plan(0)
+    for got, (want, _) in zip(calls, expected, strict=True):
+        np.testing.assert_array_equal(got, want)
+
+
+def test_native_order_is_seeded_per_epoch_and_covers_every_sample():
+    data = _indexed(1000)
+
+    def native(seed):
+        return torch_backend.TorchSource(data, Sampler(1000, 64, seed=seed), order="native")
+
+    first = np.concatenate(_native_labels(native(7), 0))
+    np.testing.assert_array_equal(first, np.concatenate(_native_labels(native(7), 0)))
+    np.testing.assert_array_equal(np.sort(first), np.arange(1000))
+    second = np.concatenate(_native_labels(native(7), 1))
+    np.testing.assert_array_equal(np.sort(second), np.arange(1000))
+    assert not np.array_equal(first, second)
+    assert not np.array_equal(first, np.concatenate(_native_labels(native(8), 0)))
+    assert not np.array_equal(first, np.arange(1000))
+
+
+@pytest.mark.parametrize("drop_remainder", [False, True])
+def test_native_order_shards_like_distributed_sampler(drop_remainder):
+    data, count = _indexed(1000), 3  # 1000 is not a multiple of 3 or of 3 * 64
+    shards = []
+    for index in range(count):
+        sampler = Sampler(
+            1000,
+            64,
+            seed=2,
+            drop_remainder=drop_remainder,
+            process_index=index,
+            process_count=count,
+        )
+        source = torch_backend.TorchSource(data, sampler, order="native")
+        batches = list(source.iter_epoch(0))
+        assert len(batches) == source.num_batches  # equal on every process
+        shards.append(np.concatenate(_native_labels(source, 0)))
+    seen = np.concatenate(shards)
+    if drop_remainder:
+        assert len(seen) == len(np.unique(seen)) == 64 * 3 * 5
+    else:  # DistributedSampler repeats 2 examples so 1002 divides over 3 processes
+        np.testing.assert_array_equal(np.unique(seen), np.arange(1000))
+        assert len(seen) == 1002
+
+
+def test_options_are_checked():
+    make = loaders.make
+    with pytest.raises(TypeError, match=r"unknown options \['pin_memory'\]"):
+        make("torch", dataset="mnist-sample", pin_memory=True)
+    with pytest.raises(ValueError, match="prefetch_factor needs worker processes"):
+        make("torch", dataset="mnist-sample", prefetch_factor=2)
+    with pytest.raises(ValueError, match="persistent_workers needs worker processes"):
+        make("torch", dataset="mnist-sample", persistent_workers=True)
+    with pytest.raises(ValueError, match="num_workers must be >= 0, got -1"):
+        make("torch", dataset="mnist-sample", num_workers=-1)
+    with pytest.raises(ValueError, match="order must be one of"):
+        make("torch", dataset="mnist-sample", order="random")
+
+
+def test_in_process_epochs_can_interleave():
+    source = loaders.make("torch", dataset="mnist-sample", batch_size=BATCH)
+    a, b = source.iter_epoch(0), source.iter_epoch(0)
+    for x, y in zip(a, b, strict=True):
+        np.testing.assert_array_equal(x["image"], y["image"])
+
+
+def test_persistent_workers_serve_one_epoch_at_a_time(deadlock_guard):
+    source = loaders.make(
+        "torch", dataset="mnist-sample", batch_size=BATCH, num_workers=1, persistent_workers=True
+    )
+    first = source.iter_epoch(0)
+    next(first)
+    with pytest.raises(RuntimeError, match="one epoch at a time"):
+        next(source.iter_epoch(1))
+    first.close()  # an abandoned epoch frees the loader; torch drops its stale batches
+    _assert_identical(
+        [list(source.iter_epoch(1))],
+        [list(loaders.make("numpy", dataset="mnist-sample", batch_size=BATCH).iter_epoch(1))],
+    )
