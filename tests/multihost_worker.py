@@ -73,8 +73,8 @@ def main() -> None:
         result["backends"][backend] = check_backend(backend, mesh)
     common = dict(dataset=DATASET, batch_size=LOCAL_BATCH, seed=SEED,
                   process_index=jax.process_index(), process_count=jax.process_count())
-    params, history = train(loaders.make("numpy", split="train", **common),
-                            loaders.make("numpy", split="test", shuffle=False, **common),
+    params, history = train(loaders.make("grain", split="train", **common),
+                            loaders.make("grain", split="test", shuffle=False, **common),
                             TrainConfig(epochs=1, seed=SEED), sharding=mesh, progress=False)
     result["history"] = history
     result["params"] = digest(np.concatenate(

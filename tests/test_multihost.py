@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import jax
 import numpy as np
 import pytest
 
@@ -15,7 +16,7 @@ from sharding import make_mesh
 from trainer import TrainConfig, train
 
 WORKER = Path(__file__).with_name("multihost_worker.py")
-BACKENDS = "numpy,torch"
+BACKENDS = "numpy,torch,tf,grain,hf"
 TIMEOUT_SECONDS = 300
 
 
@@ -70,11 +71,12 @@ def test_multihost_epoch_and_training(processes, tmp_path):
 
     # Training: the replicated parameters are identical on every process...
     assert len({r["params"] for r in results}) == 1
-    # ...and match a single-process run with the same global batch, to printed precision.
+    # ...and match a single-process run over as many devices with the same global batch.
     common = dict(dataset="mnist-sample", batch_size=24 * processes, seed=5)
-    _, single = train(loaders.make("numpy", split="train", **common),
-                      loaders.make("numpy", split="test", shuffle=False, **common),
-                      TrainConfig(epochs=1, seed=5), sharding=make_mesh(), progress=False)
+    mesh = make_mesh(jax.devices()[: 2 * processes])
+    _, single = train(loaders.make("grain", split="train", **common),
+                      loaders.make("grain", split="test", shuffle=False, **common),
+                      TrainConfig(epochs=1, seed=5), sharding=mesh, progress=False)
     for r in results:
         (multi,) = r["history"]
         assert f"{multi['test_accuracy']:.4f}" == f"{single[0]['test_accuracy']:.4f}"

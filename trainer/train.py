@@ -73,12 +73,31 @@ def _eval_step(params: Params, totals: Sums, batch: Mapping[str, jax.Array]) -> 
     return _add(totals, _sums(predict(params, batch["image"]), batch))
 
 
-def evaluate(params: Params, source: BatchSource, sharding: NamedSharding) -> float:
+def _serialize_steps(sharding: NamedSharding) -> bool:
+    """Whether each step must finish before the next is dispatched.
+
+    On CPU, a step over several devices all-reduces across one thread per
+    device. With steps dispatched ahead, queued executions can hold the small
+    CPU thread pool while a running all-reduce waits for its last device
+    thread: XLA aborts after 40 s ("only 7 of 8 arrived"; seen with jaxlib
+    0.10.2 on 2 cores, 8 simulated devices, and across processes with gloo).
+    GPU/TPU and single-device CPU keep asynchronous dispatch.
+    """
+    return sharding.mesh.devices.flat[0].platform == "cpu" and sharding.mesh.devices.size > 1
+
+
+def evaluate(
+    params: Params, source: BatchSource, sharding: NamedSharding | jax.sharding.Mesh | None = None
+) -> float:
     """Accuracy of ``params`` over one pass of ``source`` (padding excluded)."""
+    sharding = batch_sharding(sharding)
     totals = _zero_sums()
+    serialize_steps = _serialize_steps(sharding)
     with DeviceFeed(source, sharding) as feed:
         for batch in feed:
             totals = _eval_step(params, totals, batch)
+            if serialize_steps:
+                jax.block_until_ready(totals)
     totals = _to_host(totals)
     return totals["correct"] / totals["count"]
 
@@ -118,17 +137,14 @@ def train(
     params = jax.device_put(init_params(jax.random.key(config.seed)), replicated)
     velocity = jax.tree.map(jnp.zeros_like, params)
     step = make_train_step(config)
-    # Multi-process on CPU (gloo): collectives of two in-flight steps can
-    # interleave differently across processes and deadlock (seen with jaxlib
-    # 0.10.2), so finish each step before dispatching the next. GPU/TPU keep
-    # asynchronous dispatch.
-    serialize_steps = jax.process_count() > 1 and sharding.mesh.devices.flat[0].platform == "cpu"
+    serialize_steps = _serialize_steps(sharding)
     history = []
-    for epoch in range(config.epochs):
-        totals = jax.device_put(_zero_sums(), replicated)
-        wait = 0.0
-        started = time.perf_counter()
-        with DeviceFeed(train_source, sharding, epoch=epoch) as feed:
+    feed = DeviceFeed(train_source, sharding, epoch=0)
+    try:
+        for epoch in range(config.epochs):
+            totals = jax.device_put(_zero_sums(), replicated)
+            wait = 0.0
+            started = time.perf_counter()
             bar = tqdm(
                 total=feed.num_batches,
                 desc=f"epoch {epoch + 1}",
@@ -146,20 +162,26 @@ def train(
                     jax.block_until_ready(totals)
                 bar.update()
             bar.close()
-        totals = _to_host(totals)
-        seconds = time.perf_counter() - started
-        metrics = {
-            "epoch": epoch + 1,
-            "loss": float(totals["loss"] / totals["count"]),
-            "train_accuracy": float(totals["correct"] / totals["count"]),
-            "test_accuracy": None,
-            "seconds": seconds,
-            "samples_per_second": float(totals["count"]) / seconds,
-            "data_wait_fraction": wait / seconds,
-        }
-        if test_source is not None:
-            metrics["test_accuracy"] = evaluate(params, test_source, sharding)
-        history.append(metrics)
-        if on_epoch is not None:
-            on_epoch(metrics)
+            feed.close()
+            if epoch + 1 < config.epochs:
+                # Opened now, so its first batches load while this epoch is evaluated.
+                feed = DeviceFeed(train_source, sharding, epoch=epoch + 1)
+            totals = _to_host(totals)
+            seconds = time.perf_counter() - started
+            metrics = {
+                "epoch": epoch + 1,
+                "loss": float(totals["loss"] / totals["count"]),
+                "train_accuracy": float(totals["correct"] / totals["count"]),
+                "test_accuracy": None,
+                "seconds": seconds,
+                "samples_per_second": float(totals["count"]) / seconds,
+                "data_wait_fraction": wait / seconds,
+            }
+            if test_source is not None:
+                metrics["test_accuracy"] = evaluate(params, test_source, sharding)
+            history.append(metrics)
+            if on_epoch is not None:
+                on_epoch(metrics)
+    finally:
+        feed.close()  # also when a loader error ends training early
     return params, history

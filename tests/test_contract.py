@@ -1,0 +1,154 @@
+"""The contract every backend keeps, driven by one table of backends.
+
+Per-backend quirks live in test_<backend>_backend.py; this file holds only
+what must be true of all of them, including byte-identical batches under one
+seed.
+"""
+
+import numpy as np
+import pytest
+
+import loaders
+
+BACKENDS = ["numpy", "torch", "tf", "grain", "hf"]
+DATASET = dict(dataset="mnist-sample", split="train")  # 4,000 real digits, offline
+
+
+def _epoch(source, epoch=0, start=0):
+    return list(source.iter_epoch(epoch, start=start))
+
+
+def _assert_same(a, b):
+    assert len(a) == len(b)
+    for x, y in zip(a, b, strict=True):
+        assert x.keys() == y.keys()
+        for key in x:
+            assert x[key].dtype == y[key].dtype, key
+            np.testing.assert_array_equal(x[key], y[key], err_msg=key)
+
+
+@pytest.fixture(scope="module")
+def reference():
+    """Numpy batches per (seed, batch_size, drop_remainder, epoch), computed once."""
+    cache = {}
+
+    def get(seed, batch_size, drop_remainder=False, epoch=0, shuffle=True):
+        key = (seed, batch_size, drop_remainder, epoch, shuffle)
+        if key not in cache:
+            source = loaders.make("numpy", **DATASET, seed=seed, batch_size=batch_size,
+                                  drop_remainder=drop_remainder, shuffle=shuffle)
+            cache[key] = _epoch(source, epoch)
+        return cache[key]
+
+    return get
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_shapes_dtypes_length_and_padding(backend):
+    source = loaders.make(backend, **DATASET, batch_size=384, seed=0)
+    assert isinstance(source, loaders.BatchSource)
+    spec = dict(source.element_spec)
+    assert spec == {
+        "image": ((384, 28, 28, 1), np.dtype(np.uint8)),
+        "label": ((384,), np.dtype(np.int32)),
+        "mask": ((384,), np.dtype(np.bool_)),
+    }
+    batches = _epoch(source)
+    assert len(batches) == source.num_batches == 11  # ceil(4000 / 384)
+    for batch in batches:
+        assert {k: (v.shape, v.dtype) for k, v in batch.items()} == spec
+    assert all(b["mask"].all() for b in batches[:-1])
+    last = batches[-1]
+    assert last["mask"].sum() == 4000 - 10 * 384 == 160
+    assert not last["mask"][160:].any()
+    assert not last["image"][160:].any() and not last["label"][160:].any()
+    labels = np.concatenate([b["label"][b["mask"]] for b in batches])
+    np.testing.assert_array_equal(np.bincount(labels, minlength=10),
+                                  np.bincount(loaders.load_dataset("mnist-sample").labels))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_drop_remainder(backend):
+    source = loaders.make(backend, **DATASET, batch_size=384, drop_remainder=True)
+    assert set(source.element_spec) == {"image", "label"}
+    batches = _epoch(source)
+    assert len(batches) == source.num_batches == 10
+    assert all(set(b) == {"image", "label"} and len(b["label"]) == 384 for b in batches)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_epochs_are_deterministic_and_reshuffled(backend):
+    source = loaders.make(backend, **DATASET, batch_size=500, seed=11)
+    first = _epoch(source, 0)
+    _assert_same(first, _epoch(source, 0))
+    second = _epoch(source, 1)
+    assert not np.array_equal(first[0]["image"], second[0]["image"])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_start_resumes_mid_epoch(backend):
+    source = loaders.make(backend, **DATASET, batch_size=500, seed=2)
+    _assert_same(_epoch(source, 1)[5:], _epoch(source, 1, start=5))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_unshuffled_order_is_dataset_order(backend):
+    source = loaders.make(backend, dataset="mnist-sample", split="test", batch_size=300,
+                          shuffle=False)
+    data = loaders.load_dataset("mnist-sample", "test")
+    batches = _epoch(source)
+    images = np.concatenate([b["image"][b["mask"]] for b in batches])
+    np.testing.assert_array_equal(images, data.images)
+
+
+@pytest.mark.parametrize("backend", [b for b in BACKENDS if b != "numpy"])
+@pytest.mark.parametrize(("seed", "batch_size", "drop_remainder"),
+                         [(0, 128, False), (7, 300, False), (123, 1000, False), (7, 300, True)])
+def test_byte_identical_to_numpy_for_two_epochs(backend, seed, batch_size, drop_remainder,
+                                                 reference):
+    source = loaders.make(backend, **DATASET, seed=seed, batch_size=batch_size,
+                          drop_remainder=drop_remainder)
+    for epoch in (0, 1):
+        _assert_same(_epoch(source, epoch), reference(seed, batch_size, drop_remainder, epoch))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_real_10k_digits_identical_across_backends(backend, mnist_dir):
+    kwargs = dict(dataset="mnist-10k", split="train", data_dir=mnist_dir, batch_size=777, seed=3)
+    expected = _epoch(loaders.make("numpy", **kwargs), 0)
+    batches = _epoch(loaders.make(backend, **kwargs), 0)
+    _assert_same(batches, expected)
+    assert batches[-1]["mask"].sum() == 8000 - 10 * 777
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_bad_options_and_batch_sizes(backend):
+    with pytest.raises(TypeError, match="no_such_option"):
+        loaders.make(backend, **DATASET, no_such_option=1)
+    with pytest.raises(ValueError, match="batch_size must be positive"):
+        loaders.make(backend, **DATASET, batch_size=0)
+    with pytest.raises(ValueError, match="larger than the split's 4000 examples"):
+        loaders.make(backend, **DATASET, batch_size=4001)
+
+
+@pytest.mark.parametrize("backend", [b for b in BACKENDS if b != "numpy"])
+def test_native_order_is_seeded_and_covers_the_epoch(backend):
+    source = loaders.make(backend, **DATASET, batch_size=512, seed=5, order="native")
+    first, again, second = _epoch(source, 0), _epoch(source, 0), _epoch(source, 1)
+    _assert_same(first, again)
+    assert not np.array_equal(first[0]["label"], second[0]["label"])
+    labels = np.concatenate([b["label"][b["mask"]] for b in first])
+    assert len(labels) == 4000
+
+
+def test_unknown_backend_lists_the_valid_ones():
+    with pytest.raises(ValueError, match=r"unknown backend 'jax'; choose one of \['grain', 'hf', 'numpy', 'tf', 'torch'\]"):
+        loaders.make("jax")
+
+
+def test_available_reports_a_version_for_every_backend():
+    status = loaders.available()
+    assert sorted(status) == sorted(BACKENDS)
+    for name, text in status.items():
+        assert not text.startswith("unavailable"), (name, text)
+        assert any(ch.isdigit() for ch in text)

@@ -1,0 +1,391 @@
+"""`jaxfeed compare`: every backend on the same work, in one process, interleaved.
+
+Each repeat runs every measurement over every backend and baseline in turn
+(A B C A B C ...), so drift on a noisy machine hits all of them alike; the
+report gives per-repeat figures and their medians. See `run` for what is
+measured and `format_report` / `write_plot` for the outputs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import itertools
+import os
+import platform
+import re
+import resource
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+from tqdm.auto import tqdm
+
+import loaders
+from loaders.cache import CACHE_ENV
+from sharding import DeviceFeed
+from trainer import baselines
+from trainer.train import TrainConfig, train
+
+WARMUP_BATCHES = 16  # a warm-up pass reads at most this many batches per loader
+METRICS = ("loader", "feed", "train", "first_batch")
+MEMORY_NOTE = (
+    "peak_rss_mb: the process's peak resident memory (VmHWM) while this row's work ran "
+    "(building its loaders, warm-up, every measurement), reset before each piece of work "
+    "through /proc/self/clear_refs; it includes everything already resident (Python, every "
+    "imported framework, other rows' loaders). peak_increase_mb: that peak minus the "
+    "resident memory when the piece of work began, i.e. what this row's work added at "
+    "its worst. process_peak_rss_mb: the whole run's peak (getrusage ru_maxrss)."
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class CompareConfig:
+    """What `run` measures; the fields mirror the ``jaxfeed compare`` flags."""
+
+    backends: tuple[str, ...]
+    dataset: str = "mnist-sample"
+    data_dir: str | None = None
+    batch_size: int = 128
+    seed: int = 0
+    repeats: int = 3
+    warmup: int = 1
+    train_epochs: int = 2
+    max_batches: int | None = None
+    baselines: bool = True
+
+
+class _Limited:
+    """A `BatchSource` limited to the first ``limit`` batches of each epoch."""
+
+    def __init__(self, source: loaders.BatchSource, limit: int | None):
+        self.source, self.limit = source, limit
+        self.batch_size, self.element_spec = source.batch_size, source.element_spec
+        n = source.num_batches
+        self.num_batches = n if limit is None or n is None else min(n, limit)
+
+    def iter_epoch(self, epoch: int = 0, *, start: int = 0) -> Iterator[loaders.Batch]:
+        return itertools.islice(self.source.iter_epoch(epoch, start=start), self.limit)
+
+
+@dataclasses.dataclass
+class _Row:
+    """One backend or baseline: how to run each measurement, and what it gave."""
+
+    name: str
+    kind: str  # "backend" or "baseline"
+    framework: str | None
+    description: str
+    host: Callable[[int], Iterator[Any]]
+    device: Callable[[int], Iterator[Any]]
+    training: tuple[Any, Any] | None = None  # (train source, test source)
+    first_batch: Callable[[], Any] | None = None  # makes a fresh source
+    runs: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    memory: dict[str, float] = dataclasses.field(default_factory=dict)
+
+
+def _drain(batches: Iterator[Any], limit: int | None, cap: int) -> tuple[float, int, int]:
+    """Times reading ``batches``; returns (seconds, valid samples, bytes of all leaves)."""
+    samples = nbytes = 0
+    last = None
+    started = time.perf_counter()
+    for last in itertools.islice(batches, limit):
+        mask = last.get("mask")
+        host_mask = isinstance(mask, np.ndarray)
+        samples += int(mask.sum()) if host_mask else len(last["label"])
+        nbytes += sum(leaf.nbytes for leaf in last.values())
+    if last is not None:
+        jax.block_until_ready(last)  # device batches: wait for the last transfer
+    seconds = time.perf_counter() - started
+    with contextlib.suppress(AttributeError):
+        batches.close()  # stop prefetch threads now
+    return seconds, min(samples, cap), nbytes  # cap: padding rows of device batches
+
+
+def _rate(prefix: str, seconds: float, samples: int, nbytes: int) -> dict[str, float]:
+    return {
+        f"{prefix}_seconds": seconds,
+        f"{prefix}_samples": samples,
+        f"{prefix}_samples_per_s": samples / seconds,
+        f"{prefix}_mb_per_s": nbytes / seconds / 1e6,
+    }
+
+
+@contextlib.contextmanager
+def _cache_dir(path: str) -> Iterator[None]:
+    old = os.environ.get(CACHE_ENV)
+    os.environ[CACHE_ENV] = path
+    try:
+        yield
+    finally:
+        if old is None:
+            del os.environ[CACHE_ENV]
+        else:
+            os.environ[CACHE_ENV] = old
+
+
+def _first_batch(make: Callable[[], Any]) -> float:
+    started = time.perf_counter()
+    batches = make().iter_epoch(0)
+    next(batches)
+    seconds = time.perf_counter() - started
+    batches.close()
+    return seconds
+
+
+def _status_kb(field: str) -> int:
+    match = re.search(rf"^{field}:\s+(\d+) kB", Path("/proc/self/status").read_text(), re.M)
+    assert match, field
+    return int(match.group(1))
+
+
+class _Memory:
+    """Per-row peak RSS on Linux: VmHWM, reset through /proc/self/clear_refs."""
+
+    def __init__(self) -> None:
+        try:
+            Path("/proc/self/clear_refs").write_text("5")
+            self.supported = True
+        except OSError:
+            self.supported = False
+
+    @contextlib.contextmanager
+    def track(self, row: _Row) -> Iterator[None]:
+        if not self.supported:
+            yield
+            return
+        Path("/proc/self/clear_refs").write_text("5")  # VmHWM := VmRSS
+        start = _status_kb("VmRSS")
+        yield
+        peak = _status_kb("VmHWM")
+        row.memory["peak_rss_mb"] = max(row.memory.get("peak_rss_mb", 0), peak / 1024)
+        increase = max(row.memory.get("peak_increase_mb", 0), (peak - start) / 1024)
+        row.memory["peak_increase_mb"] = increase
+
+
+def _build_rows(config: CompareConfig, mesh: jax.sharding.Mesh, memory: _Memory) -> list[_Row]:
+    common = dict(
+        dataset=config.dataset, data_dir=config.data_dir, batch_size=config.batch_size,
+        seed=config.seed,
+    )  # fmt: skip
+    rows: list[_Row] = []
+    for name in config.backends:
+        row = _Row(name, "backend", name, loaders.BACKENDS[name].description, None, None)
+        with memory.track(row):
+            train_src = loaders.make(name, split="train", **common)
+            test_src = loaders.make(name, split="test", shuffle=False, **common)
+        row.host = train_src.iter_epoch
+        row.device = lambda e, s=train_src: DeviceFeed(s, mesh, epoch=e)
+        row.training = (
+            _Limited(train_src, config.max_batches),
+            _Limited(test_src, config.max_batches),
+        )
+        row.first_batch = lambda name=name: loaders.make(name, split="train", **common)
+        rows.append(row)
+    if not config.baselines:
+        return rows
+    epochs = config.train_epochs
+    ceiling = baselines.materialize(
+        loaders.make("numpy", split="train", **common), epochs, config.max_batches
+    )
+    test = baselines.materialize(
+        loaders.make("numpy", split="test", shuffle=False, **common), 1, config.max_batches
+    )
+    data = loaders.load_dataset(config.dataset, "train", data_dir=config.data_dir)
+    loops = [baselines.in_memory(ceiling)]
+    loops += baselines.tutorials(
+        list(config.backends), data.images, data.labels, config.batch_size, config.seed
+    )
+    for loop in loops:
+        row = _Row(
+            loop.name,
+            "baseline",
+            loop.framework,
+            loop.description,
+            loop.batches,
+            loop.device_batches,
+        )
+        if loop.name == "in-memory":
+            row.training = (ceiling, test)
+        rows.append(row)
+    return rows
+
+
+def _measure(row: _Row, metric: str, config: CompareConfig, epoch: int, n: int, mesh) -> dict:
+    limit = config.max_batches
+    if metric == "loader":
+        return _rate("loader", *_drain(row.host(epoch), limit, n))
+    if metric == "feed":
+        return _rate("feed", *_drain(row.device(epoch), limit, n))
+    if metric == "train":
+        _, history = train(
+            *row.training, TrainConfig(epochs=config.train_epochs, seed=config.seed),
+            sharding=mesh, progress=False,
+        )  # fmt: skip
+        steady = history[1:] or history  # epoch 1 includes compiling the step
+        return {
+            "epoch_s": statistics.median(m["seconds"] for m in steady),
+            "data_wait_fraction": statistics.median(m["data_wait_fraction"] for m in steady),
+            "test_accuracy": history[-1]["test_accuracy"],
+            "history": history,
+        }
+    with tempfile.TemporaryDirectory(prefix="jaxfeed-cold-") as empty, _cache_dir(empty):
+        cold = _first_batch(row.first_batch)  # builds the backend's on-disk cache
+        warm = _first_batch(row.first_batch)  # reads it
+    return {"first_batch_cold_s": cold, "first_batch_warm_s": warm}
+
+
+def _supports(row: _Row, metric: str) -> bool:
+    if metric == "train":
+        return row.training is not None
+    return metric != "first_batch" or row.kind == "backend"
+
+
+def run(config: CompareConfig, mesh: jax.sharding.Mesh, command: list[str]) -> dict[str, Any]:
+    """Runs the comparison and returns everything as one JSON-able dict.
+
+    Per row and repeat: loader-only throughput (one epoch through the loader
+    alone), end-to-end throughput (through `DeviceFeed` for backends, through
+    ``jax.device_put`` per batch for baselines; the last batch is waited for),
+    training (``trainer.train``; epoch time and data wait are the median of
+    epochs 2.., since epoch 1 compiles), and for backends the time to the first
+    batch with an empty (cold) and a filled (warm) cache directory.
+    """
+    started = time.perf_counter()
+    memory = _Memory()
+    n = len(loaders.load_dataset(config.dataset, "train", data_dir=config.data_dir))
+    rows = _build_rows(config, mesh, memory)
+    tasks = [
+        (r, m, row) for r in range(config.warmup) for m in ("loader", "feed") for row in rows
+    ] + [
+        (config.warmup + r, m, row) for r in range(config.repeats) for m in METRICS
+        for row in rows if _supports(row, m)
+    ]  # fmt: skip
+    for row in rows:
+        row.runs = [{} for _ in range(config.repeats)]
+    with tqdm(total=len(tasks), desc="compare", disable=not sys.stderr.isatty()) as bar:
+        for round_, metric, row in tasks:
+            bar.set_postfix_str(f"{metric} {row.name}")
+            warm_up = round_ < config.warmup
+            limited = config
+            if warm_up:
+                cap = min(config.max_batches or WARMUP_BATCHES, WARMUP_BATCHES)
+                limited = dataclasses.replace(config, max_batches=cap)
+            with memory.track(row):
+                figures = _measure(row, metric, limited, round_, n, mesh)
+            if not warm_up:
+                row.runs[round_ - config.warmup].update(figures)
+            bar.update()
+    return _report(config, mesh, command, rows, time.perf_counter() - started, memory)
+
+
+def _median_figures(runs: list[dict[str, Any]]) -> dict[str, float]:
+    keys = [k for k, v in runs[0].items() if isinstance(v, int | float)]
+    return {k: float(statistics.median(run[k] for run in runs)) for k in keys}
+
+
+def _targets(backends: dict, rows: dict) -> tuple[dict, list[dict]]:
+    """Ratios of medians, and the performance targets of DESIGN.md checked against them."""
+    ratios: dict[str, dict] = {"slowdown_vs_fastest": {}, "adapter_vs_tutorial": {}}
+    targets: list[dict] = []
+
+    def check(target: str, row: str, value: float, limit: float, at_most: bool) -> None:
+        met = value <= limit if at_most else value >= limit
+        targets.append(dict(target=target, row=row, value=value, limit=limit, met=met))
+
+    fastest = max(b["median"]["loader_samples_per_s"] for b in backends.values())
+    memory = rows.get("in-memory", {}).get("median", {})
+    if memory:
+        ratios["epoch_time_vs_in_memory"], ratios["feed_vs_in_memory"] = {}, {}
+    for name, b in backends.items():
+        med = b["median"]
+        slow = fastest / med["loader_samples_per_s"]
+        ratios["slowdown_vs_fastest"][name] = slow
+        check("loader-only no more than 3x below the fastest backend", name, slow, 3.0, True)
+        if "data_wait_fraction" in med:
+            check(
+                "training data wait < 5% of wall time", name, med["data_wait_fraction"], 0.05, True
+            )
+        if memory:
+            epoch = med["epoch_s"] / memory["epoch_s"]
+            ratios["epoch_time_vs_in_memory"][name] = epoch
+            ratios["feed_vs_in_memory"][name] = (
+                med["feed_samples_per_s"] / memory["feed_samples_per_s"]
+            )
+            check("epoch time within 1.15x of the in-memory ceiling", name, epoch, 1.15, True)
+        for tut, row in rows.items():
+            if row["framework"] != name:
+                continue
+            loader = med["loader_samples_per_s"] / row["median"]["loader_samples_per_s"]
+            feed = med["feed_samples_per_s"] / row["median"]["feed_samples_per_s"]
+            ratios["adapter_vs_tutorial"].setdefault(name, {})[tut] = {
+                "loader": loader,
+                "feed": feed,
+            }
+            check(f"loader-only >= the {tut} tutorial loop", name, loader, 1.0, False)
+            if name in ("grain", "hf"):
+                check(f"loader-only >= 5x the {tut} tutorial loop", name, loader, 5.0, False)
+    return ratios, targets
+
+
+def _machine(mesh: jax.sharding.Mesh) -> dict[str, Any]:
+    meminfo = Path("/proc/meminfo")
+    total = None
+    if meminfo.exists():
+        match = re.search(r"^MemTotal:\s+(\d+) kB", meminfo.read_text(), re.M)
+        total = int(match.group(1)) * 1024 if match else None
+    cpu = platform.processor()
+    if Path("/proc/cpuinfo").exists():
+        model = re.search(r"^model name\s*:\s*(.+)$", Path("/proc/cpuinfo").read_text(), re.M)
+        cpu = model.group(1) if model else cpu
+    return {
+        "processor": cpu,
+        "uname": platform.uname()._asdict(),
+        "cpu_count": os.cpu_count(),
+        "memory_total_bytes": total,
+        "python": sys.version.split()[0],
+        "jax_backend": jax.default_backend(),
+        "jax_devices": [str(d) for d in jax.devices()],
+        "mesh_devices": [str(d) for d in mesh.devices.ravel()],
+    }
+
+
+def _report(config, mesh, command, rows: list[_Row], seconds: float, memory: _Memory) -> dict:
+    def entry(row: _Row) -> dict[str, Any]:
+        figures = dict(kind=row.kind, framework=row.framework, description=row.description)
+        return figures | dict(runs=row.runs, median=_median_figures(row.runs), memory=row.memory)
+
+    backends = {r.name: entry(r) for r in rows if r.kind == "backend"}
+    base = {r.name: entry(r) for r in rows if r.kind == "baseline"}
+    ratios, targets = _targets(backends, base)
+    train_data = loaders.load_dataset(config.dataset, "train", data_dir=config.data_dir)
+    test_data = loaders.load_dataset(config.dataset, "test", data_dir=config.data_dir)
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
+    dataset = {
+        "name": train_data.name.rsplit("/", 1)[0],
+        "train_examples": len(train_data),
+        "test_examples": len(test_data),
+        "image_shape": list(train_data.images.shape[1:]),
+    }
+    versions = {"loaders": loaders.available(), "jax": jax.__version__, "numpy": np.__version__}
+    return {
+        "command": command,
+        "config": dataclasses.asdict(config),
+        "dataset": dataset,
+        "versions": versions,
+        "machine": _machine(mesh),
+        "backends": backends,
+        "baselines": base,
+        "ratios": ratios,
+        "targets": targets,
+        "memory_per_row": memory.supported,
+        "memory_note": MEMORY_NOTE,
+        "process_peak_rss_mb": rss / (1 << 20 if sys.platform == "darwin" else 1024),
+        "total_seconds": seconds,
+    }

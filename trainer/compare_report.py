@@ -1,0 +1,152 @@
+"""Renders a `jaxfeed compare` result: plain-text tables and a PNG bar chart.
+
+Both take the JSON-able dict that `trainer.compare.run` returns, so a saved
+``--json`` file can be re-rendered later without measuring again.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+
+def _table(title: str, columns: list[tuple[str, Callable]], rows: dict[str, dict]) -> str:
+    """A plain-text table: one line per row for which every cell is known."""
+    cells = []
+    for name, row in rows.items():
+        values = [get(name, row) for _, get in columns]
+        if all(v is not None for v in values[1:]):
+            cells.append([str(v) for v in values])
+    heads = [h for h, _ in columns]
+    widths = [max(map(len, col)) for col in zip(heads, *cells, strict=True)]
+
+    def line(c: list[str]) -> str:
+        return "  ".join(
+            [c[0].ljust(widths[0]), *(x.rjust(w) for x, w in zip(c[1:], widths[1:], strict=True))]
+        )
+
+    return "\n".join([title, line(heads), line(["-" * w for w in widths]), *map(line, cells), ""])
+
+
+def _fig(key: str, spec: str, scale: float = 1.0, part: str = "median") -> Callable:
+    def get(name: str, row: dict) -> str | None:
+        value = row[part].get(key)
+        return None if value is None else format(value * scale, spec)
+
+    return get
+
+
+def format_report(result: dict[str, Any]) -> str:
+    """The result as plain-text tables for a terminal."""
+    cfg, data, ratios, machine = (result[k] for k in ("config", "dataset", "ratios", "machine"))
+    rows = {**result["backends"], **result["baselines"]}
+    slow, vs_mem = ratios["slowdown_vs_fastest"], ratios.get("epoch_time_vs_in_memory", {})
+    pairs = {
+        f"{name} / {tut}": {"median": r}
+        for name, tuts in ratios["adapter_vs_tutorial"].items()
+        for tut, r in tuts.items()
+    }
+    limit = f", at most {cfg['max_batches']} batches each" if cfg["max_batches"] else ""
+    out = [
+        f"jaxfeed compare: {data['name']} ({data['train_examples']} train / "
+        f"{data['test_examples']} test examples), batch {cfg['batch_size']}, seed "
+        f"{cfg['seed']}; medians of {cfg['repeats']} interleaved repeats{limit}",
+        f"machine: {machine['processor']}, {machine['cpu_count']} CPUs; mesh of "
+        f"{len(machine['mesh_devices'])} {machine['jax_backend']} device(s)",
+        "",
+        _table(
+            "Throughput. loader: the loader alone; feed: + DeviceFeed (backends) or "
+            "+ jax.device_put per batch (baselines), last batch awaited",
+            [
+                ("name", lambda n, r: n),
+                ("kind", lambda n, r: r["kind"]),
+                ("loader samples/s", _fig("loader_samples_per_s", ",.0f")),
+                ("loader MB/s", _fig("loader_mb_per_s", ",.1f")),
+                ("feed samples/s", _fig("feed_samples_per_s", ",.0f")),
+                ("feed MB/s", _fig("feed_mb_per_s", ",.1f")),
+                ("fastest / this", lambda n, r: f"{slow[n]:.2f}x" if n in slow else "-"),
+            ],
+            rows,
+        ),
+        _table(
+            "Adapter vs its framework's tutorial loop (throughput ratios)",
+            [
+                ("backend / tutorial", lambda n, r: n),
+                ("loader", _fig("loader", ",.1f")),
+                ("feed", _fig("feed", ",.1f")),
+            ],
+            pairs,
+        ),
+        _table(
+            f"Training, {cfg['train_epochs']} epochs per repeat (epoch time, data wait: median "
+            "of epochs 2.., as epoch 1 compiles; test accuracy after the last epoch)",
+            [
+                ("name", lambda n, r: n),
+                ("epoch s", _fig("epoch_s", ".3f")),
+                ("vs in-memory", lambda n, r: f"{vs_mem[n]:.3f}x" if n in vs_mem else "-"),
+                ("data wait %", _fig("data_wait_fraction", ".2f", 100)),
+                ("test acc", _fig("test_accuracy", ".4f")),
+            ],
+            rows,
+        ),
+        _table(
+            "Time to first batch (make + first batch; cold: empty JAXFEED_CACHE_DIR) and memory",
+            [
+                ("name", lambda n, r: n),
+                ("cold s", lambda n, r: _fig("first_batch_cold_s", ".3f")(n, r) or "-"),
+                ("warm s", lambda n, r: _fig("first_batch_warm_s", ".3f")(n, r) or "-"),
+                ("peak RSS MB", _fig("peak_rss_mb", ",.0f", part="memory")),
+                ("peak increase MB", _fig("peak_increase_mb", ",.1f", part="memory")),
+            ],
+            rows,
+        ),
+        f"Memory: {result['memory_note']}"
+        if result["memory_per_row"]
+        else "Memory: per-row peaks need Linux's /proc/self/clear_refs, not available here.",
+        f"Whole run: peak RSS {result['process_peak_rss_mb']:,.0f} MB, "
+        f"{result['total_seconds']:.1f} s.",
+        "",
+        "Targets (DESIGN.md), as ratios from this run:",
+    ]
+    for t in result["targets"]:
+        verdict = "met   " if t["met"] else "MISSED"
+        out.append(
+            f"  {verdict} {t['row']:6s} {t['target']}: {t['value']:.3g} (limit {t['limit']:g})"
+        )
+    return "\n".join(out)
+
+
+def write_plot(result: dict[str, Any], path: str | os.PathLike) -> Path:
+    """A PNG: throughput per row (loader-only and end-to-end, log scale) and data wait."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    rows = {**result["backends"], **result["baselines"]}
+    names = list(rows)
+    fig = Figure(figsize=(11, 0.35 * len(names) + 2.2), layout="constrained")
+    FigureCanvasAgg(fig)
+    speed, wait = fig.subplots(1, 2, width_ratios=(2, 1))
+    y = np.arange(len(names))
+    for offset, key, label in ((-0.2, "loader", "loader only"), (0.2, "feed", "end to end")):
+        values = [rows[n]["median"][f"{key}_samples_per_s"] for n in names]
+        speed.barh(y + offset, values, height=0.4, label=label)
+    speed.set(yticks=y, yticklabels=names, xscale="log", xlabel="samples/s (median)")
+    speed.invert_yaxis()
+    speed.legend(loc="lower right")
+    trained = [n for n in names if "data_wait_fraction" in rows[n]["median"]]
+    waits = [100 * rows[n]["median"]["data_wait_fraction"] for n in trained]
+    wait.barh(np.arange(len(trained)), waits, color="tab:red")
+    wait.axvline(5, color="black", linestyle="--", linewidth=1, label="5% target")
+    wait.set(yticks=np.arange(len(trained)), yticklabels=trained, xlabel="training data wait (%)")
+    wait.invert_yaxis()
+    wait.legend(loc="lower right")
+    data, batch = result["dataset"]["name"], result["config"]["batch_size"]
+    fig.suptitle(f"jaxfeed compare: {data}, batch {batch}, {len(rows)} rows")
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=90)
+    return path
