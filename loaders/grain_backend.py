@@ -9,7 +9,6 @@ processes and ordering guarantees apply to batches instead of records.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 import shutil
@@ -20,7 +19,7 @@ from pathlib import Path
 import grain
 import numpy as np
 
-from loaders.cache import cache_root, writable_dir
+from loaders.cache import cache_root, fingerprint, writable_dir
 from loaders.datasets import ArrayDataset
 from loaders.sampler import Sampler
 from loaders.source import SampledSource
@@ -132,15 +131,7 @@ class GrainSource(SampledSource):
             # repeat() folds the epoch into the shuffle seed; slice out this epoch.
             ds = ds.seed(s.seed).shuffle().repeat()[epoch * n : (epoch + 1) * n]
         ds = ds[s.process_index :: s.process_count]
-        # Shards differ by at most one record; cap at the shared batch count so
-        # every process yields the same number of batches.
-        ds = ds.batch(s.batch_size, drop_remainder=s.drop_remainder)[: s.num_batches]
-        count = 0
-        for batch in self._iterate(ds):
-            count += 1
-            yield batch
-        for _ in range(count, s.num_batches):
-            yield self.records.read_batch(np.zeros(0, np.int64))  # all padding
+        yield from self._iterate(ds.batch(s.batch_size, drop_remainder=s.drop_remainder))
 
     def _iterate(self, index_batches: grain.MapDataset) -> Iterator[Mapping[str, np.ndarray]]:
         ds = index_batches.map(_GatherBatch(self.records)).to_iter_dataset(
@@ -176,7 +167,8 @@ def _tfds_data_source(dataset: ArrayDataset) -> Sequence[Mapping[str, np.ndarray
 
     root = writable_dir(cache_root() / "tfds-array_record")
     slug = re.sub(r"[^a-z0-9]+", "_", dataset.name.lower())[:40].strip("_")
-    name = f"jaxfeed_{slug}_{_digest(dataset)}"  # a valid TFDS name, keyed by content
+    # A valid TFDS name, keyed by content.
+    name = f"jaxfeed_{slug}_{fingerprint(dataset.images, dataset.labels)}"
     if not (root / name / _TFDS_VERSION / "dataset_info.json").exists():
         # Build beside the cache and rename into place: readers never see a
         # half-written dataset, and losing a race with another process is fine.
@@ -209,16 +201,6 @@ def _tfds_data_source(dataset: ArrayDataset) -> Sequence[Mapping[str, np.ndarray
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
     return tfds.data_source(name, split="train", data_dir=root, download=False)
-
-
-def _digest(dataset: ArrayDataset) -> str:
-    """A content key: shape plus the first and last MiB of images and labels."""
-    h = hashlib.sha1(repr((dataset.images.shape, dataset.labels.shape)).encode())
-    for array in (dataset.images, dataset.labels):
-        flat = array.reshape(-1).view(np.uint8)
-        h.update(flat[: 1 << 20].tobytes())
-        h.update(flat[-(1 << 20) :].tobytes())
-    return h.hexdigest()[:16]
 
 
 def build(dataset: ArrayDataset, sampler: Sampler, **options) -> GrainSource:

@@ -14,7 +14,6 @@ reads back ~40x slower) and reshaped on the way out, which is free.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 import re
 import shutil
@@ -26,7 +25,7 @@ import datasets
 import numpy as np
 import pyarrow as pa
 
-from loaders.cache import cache_root, writable_dir
+from loaders.cache import cache_root, fingerprint, writable_dir
 from loaders.datasets import ArrayDataset
 from loaders.sampler import Sampler
 from loaders.source import SampledSource
@@ -79,17 +78,8 @@ class HFSource(SampledSource):
             ds = ds.shuffle(seed=seed, keep_in_memory=True)
         if s.process_count > 1:
             ds = ds.shard(s.process_count, s.process_index, contiguous=True, keep_in_memory=True)
-        # Shards differ by at most one row: cap at, and pad up to, the shared
-        # batch count so every process yields the same number of batches.
-        count = 0
         for table in ds.iter(batch_size=s.batch_size, drop_last_batch=s.drop_remainder):
-            if count == s.num_batches:
-                break
-            count += 1
             yield self._to_numpy(table)
-        empty = {"image": self.dataset.images[:0], "label": self.dataset.labels[:0]}
-        for _ in range(count, s.num_batches):
-            yield empty  # all padding
 
     def _to_numpy(self, table: pa.Table) -> dict[str, np.ndarray]:
         """Arrow columns to numpy: one copy to join the gathered rows, then views."""
@@ -103,6 +93,13 @@ class HFSource(SampledSource):
         }
 
 
+def cache_path(dataset: ArrayDataset) -> Path:
+    """Where ``dataset``'s Arrow copy lives: a readable name plus its content key."""
+    slug = re.sub(r"[^a-z0-9]+", "-", dataset.name.lower()).strip("-")[:40]
+    key = fingerprint(dataset.images, dataset.labels)
+    return cache_root() / "hf" / f"{slug}-{key}-{_LAYOUT}"
+
+
 def arrow_cache(dataset: ArrayDataset) -> Path:
     """The Arrow dataset directory holding ``dataset``, written on first use.
 
@@ -113,9 +110,8 @@ def arrow_cache(dataset: ArrayDataset) -> Path:
     Returns:
       A directory that ``datasets.load_from_disk`` reads.
     """
-    root = writable_dir(cache_root() / "hf")
-    slug = re.sub(r"[^a-z0-9]+", "-", dataset.name.lower()).strip("-")[:40]
-    path = root / f"{slug}-{_digest(dataset)}"
+    path = cache_path(dataset)
+    root = writable_dir(path.parent)
     if path.is_dir():
         return path
     pixels = dataset.images.reshape(len(dataset), -1)
@@ -154,16 +150,6 @@ def _no_progress_bars() -> Iterator[None]:
     finally:
         if enabled:
             datasets.enable_progress_bars()
-
-
-def _digest(dataset: ArrayDataset) -> str:
-    """A content key: layout, shapes, and the first and last MiB of the arrays."""
-    h = hashlib.sha1(repr((_LAYOUT, dataset.images.shape, dataset.labels.shape)).encode())
-    for array in (dataset.images, dataset.labels):
-        flat = array.reshape(-1).view(np.uint8)
-        h.update(flat[: 1 << 20].tobytes())
-        h.update(flat[-(1 << 20) :].tobytes())
-    return h.hexdigest()[:16]
 
 
 def build(dataset: ArrayDataset, sampler: Sampler, **options) -> HFSource:

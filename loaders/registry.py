@@ -52,7 +52,7 @@ def register(backend: Backend) -> None:
 
 for _backend in (
     Backend("numpy", "loaders.numpy_backend", ("numpy",), ("numpy",), "in-memory numpy arrays"),
-    Backend("torch", "loaders.torch_backend", ("torch",), ("torch",), "torch.utils.data.DataLoader"),
+    Backend("torch", "loaders.torch_backend", ("torch",), ("torch",), "torch DataLoader"),
     Backend(
         "tf",
         "loaders.tf_backend",
@@ -61,7 +61,7 @@ for _backend in (
         "tf.data over a TFDS dataset directory",
     ),
     Backend("grain", "loaders.grain_backend", ("grain",), ("grain",), "Grain MapDataset"),
-    Backend("hf", "loaders.hf_backend", ("datasets",), ("datasets",), "Hugging Face datasets (Arrow)"),
+    Backend("hf", "loaders.hf_backend", ("datasets",), ("datasets",), "HF datasets (Arrow)"),
 ):
     register(_backend)
 

@@ -67,7 +67,7 @@ class SampledSource(abc.ABC):
 
     def iter_epoch(self, epoch: int = 0, *, start: int = 0) -> Iterator[Batch]:
         if self.order == "native":
-            for batch in itertools.islice(self._native_epoch(epoch), start, None):
+            for batch in itertools.islice(self._native_batches(epoch), start, None):
                 yield self._finish(batch, len(batch["label"]))
             return
         plan = list(self.sampler.epoch_plan(epoch, start))
@@ -94,6 +94,18 @@ class SampledSource(abc.ABC):
         """Yields one ``{"image", "label"}`` batch per index array, in order,
         read through the backend's own framework."""
 
+    def _native_batches(self, epoch: int) -> Iterator[Mapping[str, np.ndarray]]:
+        """`_native_epoch`, capped at and padded up to ``num_batches``: a
+        framework's shards may differ by a row, but every process must yield
+        the same number of batches (the missing ones are all padding)."""
+        count = 0
+        for batch in itertools.islice(self._native_epoch(epoch), self.num_batches):
+            count += 1
+            yield batch
+        empty = {"image": self.dataset.images[:0], "label": self.dataset.labels[:0]}
+        for _ in range(count, self.num_batches):
+            yield empty
+
     def _native_epoch(self, epoch: int) -> Iterator[Mapping[str, np.ndarray]]:
         """Yields this process's batches of ``epoch`` in the framework's own
         shuffled order; the last may be short (it is padded here). Backends
@@ -112,13 +124,14 @@ class SampledSource(abc.ABC):
         if num_valid < self.batch_size:
             # Zeroed padding is backend-independent, so padded batches are
             # byte-identical across backends too.
-            image = _pad(image[:num_valid], self.batch_size)
-            label = _pad(label[:num_valid], self.batch_size)
+            image = pad_rows(image[:num_valid], self.batch_size)
+            label = pad_rows(label[:num_valid], self.batch_size)
         assert len(image) == len(label) == self.batch_size, (len(image), len(label))
         return {"image": image, "label": label, "mask": np.arange(self.batch_size) < num_valid}
 
 
-def _pad(array: np.ndarray, size: int) -> np.ndarray:
+def pad_rows(array: np.ndarray, size: int) -> np.ndarray:
+    """``array`` followed by zero rows up to ``size`` rows."""
     out = np.zeros((size, *array.shape[1:]), array.dtype)
     out[: len(array)] = array
     return out

@@ -14,13 +14,13 @@ os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
 os.environ["JAX_PLATFORMS"] = "cpu"
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import jax  # noqa: E402
-import numpy as np  # noqa: E402
-from jax.experimental import multihost_utils  # noqa: E402
+import jax
+import numpy as np
+from jax.experimental import multihost_utils
 
-import loaders  # noqa: E402
-import sharding  # noqa: E402
-from trainer import TrainConfig, train  # noqa: E402
+import loaders
+import sharding
+from trainer import TrainConfig, train
 
 DATASET, LOCAL_BATCH, SEED = "mnist-sample", 24, 5
 
@@ -38,8 +38,9 @@ def local_rows(array: jax.Array) -> np.ndarray:
 def check_backend(backend: str, mesh) -> dict:
     processes, me = jax.process_count(), jax.process_index()
     kwargs = dict(dataset=DATASET, split="test", seed=SEED)
-    source = loaders.make(backend, batch_size=LOCAL_BATCH, process_index=me,
-                          process_count=processes, **kwargs)
+    source = loaders.make(
+        backend, batch_size=LOCAL_BATCH, process_index=me, process_count=processes, **kwargs
+    )
     single = loaders.make("numpy", batch_size=LOCAL_BATCH * processes, **kwargs)
     seen, steps, identical, padded_steps = [], 0, True, 0
     for epoch in (0, 1):
@@ -48,8 +49,10 @@ def check_backend(backend: str, mesh) -> dict:
             for step, batch in enumerate(feed):
                 assert batch["image"].shape[0] == LOCAL_BATCH * processes
                 assert batch["image"].sharding.spec == jax.sharding.PartitionSpec("data")
-                full = {k: np.asarray(multihost_utils.process_allgather(v, tiled=True))
-                        for k, v in batch.items()}
+                full = {
+                    k: np.asarray(multihost_utils.process_allgather(v, tiled=True))
+                    for k, v in batch.items()
+                }
                 for key in ("image", "label", "mask"):
                     identical &= bool(np.array_equal(full[key], expected[step][key]))
                 padded_steps += int(not full["mask"].all())
@@ -59,26 +62,46 @@ def check_backend(backend: str, mesh) -> dict:
                     seen += [digest(image) for image in images[mask]]
                 steps += 1
         identical &= step + 1 == len(expected)
-    return {"seen": seen, "steps": steps, "identical_to_single_process": identical,
-            "padded_steps": padded_steps}
+    return {
+        "seen": seen,
+        "steps": steps,
+        "identical_to_single_process": identical,
+        "padded_steps": padded_steps,
+    }
 
 
 def main() -> None:
     coordinator, processes, me, out_dir, backends = sys.argv[1:6]
     sharding.initialize(coordinator, int(processes), int(me))
     mesh = sharding.make_mesh()
-    result = {"process": jax.process_index(), "devices": jax.device_count(),
-              "local_devices": jax.local_device_count(), "backends": {}}
+    result = {
+        "process": jax.process_index(),
+        "devices": jax.device_count(),
+        "local_devices": jax.local_device_count(),
+        "backends": {},
+    }
     for backend in backends.split(","):
         result["backends"][backend] = check_backend(backend, mesh)
-    common = dict(dataset=DATASET, batch_size=LOCAL_BATCH, seed=SEED,
-                  process_index=jax.process_index(), process_count=jax.process_count())
-    params, history = train(loaders.make("grain", split="train", **common),
-                            loaders.make("grain", split="test", shuffle=False, **common),
-                            TrainConfig(epochs=1, seed=SEED), sharding=mesh, progress=False)
+    common = dict(
+        dataset=DATASET,
+        batch_size=LOCAL_BATCH,
+        seed=SEED,
+        process_index=jax.process_index(),
+        process_count=jax.process_count(),
+    )
+    params, history = train(
+        loaders.make("grain", split="train", **common),
+        loaders.make("grain", split="test", shuffle=False, **common),
+        TrainConfig(epochs=1, seed=SEED),
+        sharding=mesh,
+        progress=False,
+    )
     result["history"] = history
-    result["params"] = digest(np.concatenate(
-        [np.asarray(leaf.addressable_data(0)).ravel() for leaf in jax.tree.leaves(params)]))
+    result["params"] = digest(
+        np.concatenate(
+            [np.asarray(leaf.addressable_data(0)).ravel() for leaf in jax.tree.leaves(params)]
+        )
+    )
     with open(os.path.join(out_dir, f"process{me}.json"), "w") as f:
         json.dump(result, f)
     jax.distributed.shutdown()

@@ -11,8 +11,9 @@ from trainer.cli import main
 
 def test_train_prints_metrics_and_writes_json(tmp_path, capsys):
     out = tmp_path / "metrics.json"
-    assert main(["train", "--epochs", "2", "--batch-size", "256", "--quiet",
-                 "--json", str(out)]) == 0
+    assert (
+        main(["train", "--epochs", "2", "--batch-size", "256", "--quiet", "--json", str(out)]) == 0
+    )
     printed = capsys.readouterr().out
     assert "loader=numpy dataset=mnist-sample" in printed
     assert "epoch 2/2" in printed and "data-wait" in printed and "samples/s" in printed
@@ -43,7 +44,9 @@ def test_bad_input_is_a_clear_error(args, match):
         main(["train", "--epochs", "1", "--quiet", *args])
 
 
-@pytest.mark.parametrize("args", [["--batch-size", "0"], ["--epochs", "-1"], ["--loader-option", "x"]])
+@pytest.mark.parametrize(
+    "args", [["--batch-size", "0"], ["--epochs", "-1"], ["--loader-option", "x"]]
+)
 def test_argument_errors_exit_with_usage(args, capsys):
     with pytest.raises(SystemExit):
         main(["train", *args])
@@ -53,10 +56,23 @@ def test_argument_errors_exit_with_usage(args, capsys):
 def test_python_dash_m_and_devices_flag():
     # A subprocess, because --devices must set XLA_FLAGS before jax is imported.
     result = subprocess.run(
-        [sys.executable, "-m", "trainer", "train", "--epochs", "1", "--batch-size", "96",
-         "--devices", "3", "--quiet"],
-        capture_output=True, text=True, timeout=300, env={"PATH": "/usr/bin:/bin", "HOME": "/tmp",
-                                                         "JAX_PLATFORMS": "cpu"},
+        [
+            sys.executable,
+            "-m",
+            "trainer",
+            "train",
+            "--epochs",
+            "1",
+            "--batch-size",
+            "96",
+            "--devices",
+            "3",
+            "--quiet",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={"PATH": "/usr/bin:/bin", "HOME": "/tmp", "JAX_PLATFORMS": "cpu"},
     )
     assert result.returncode == 0, result.stderr
     assert "devices=3 (cpu)" in result.stdout and "epoch 1/1" in result.stdout

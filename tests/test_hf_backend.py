@@ -74,7 +74,7 @@ def test_losing_a_build_race_keeps_the_winners_cache(tmp_path, monkeypatch):
 
     def save_then_get_beaten(self, path, *args, **kwargs):
         save(self, path, *args, **kwargs)
-        final = tmp_path / "hf" / f"synthetic-train-{hf_backend._digest(data)}"
+        final = hf_backend.cache_path(data)
         shutil.copytree(path, final)  # another process renamed its copy in first
 
     monkeypatch.setattr(datasets.Dataset, "save_to_disk", save_then_get_beaten)

@@ -33,11 +33,21 @@ def _run_job(processes: int, out_dir: Path) -> list[dict]:
     try:
         for i, log in enumerate(logs):
             with log.open("w") as out:  # a file, not a pipe: a full pipe would block a child
-                children.append(subprocess.Popen(
-                    [sys.executable, str(WORKER), coordinator, str(processes), str(i),
-                     str(out_dir), BACKENDS],
-                    stdout=out, stderr=subprocess.STDOUT,
-                ))
+                children.append(
+                    subprocess.Popen(
+                        [
+                            sys.executable,
+                            str(WORKER),
+                            coordinator,
+                            str(processes),
+                            str(i),
+                            str(out_dir),
+                            BACKENDS,
+                        ],
+                        stdout=out,
+                        stderr=subprocess.STDOUT,
+                    )
+                )
         for child in children:
             child.wait(timeout=TIMEOUT_SECONDS)
     finally:
@@ -67,16 +77,21 @@ def test_multihost_epoch_and_training(processes, tmp_path):
         assert len({p["steps"] for p in per_process}) == 1
         assert all(p["padded_steps"] == 2 for p in per_process)  # one per epoch
         # The union of what the processes saw is the split, each sample exactly once.
-        assert sorted(sum((p["seen"] for p in per_process), [])) == every_image, backend
+        seen = [digest for p in per_process for digest in p["seen"]]
+        assert sorted(seen) == every_image, backend
 
     # Training: the replicated parameters are identical on every process...
     assert len({r["params"] for r in results}) == 1
     # ...and match a single-process run over as many devices with the same global batch.
     common = dict(dataset="mnist-sample", batch_size=24 * processes, seed=5)
     mesh = make_mesh(jax.devices()[: 2 * processes])
-    _, single = train(loaders.make("grain", split="train", **common),
-                      loaders.make("grain", split="test", shuffle=False, **common),
-                      TrainConfig(epochs=1, seed=5), sharding=mesh, progress=False)
+    _, single = train(
+        loaders.make("grain", split="train", **common),
+        loaders.make("grain", split="test", shuffle=False, **common),
+        TrainConfig(epochs=1, seed=5),
+        sharding=mesh,
+        progress=False,
+    )
     for r in results:
         (multi,) = r["history"]
         assert f"{multi['test_accuracy']:.4f}" == f"{single[0]['test_accuracy']:.4f}"

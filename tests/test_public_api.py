@@ -9,26 +9,54 @@ import trainer
 
 
 def test_public_names():
-    assert sorted(loaders.__all__) == sorted([
-        "BACKENDS", "DATASETS", "ArrayDataset", "ArraySpec", "Batch", "BatchSource",
-        "Sampler", "available", "load_dataset", "make", "wrap",
-    ])
-    assert sorted(sharding.__all__) == sorted([
-        "DATA_AXIS", "DeviceFeed", "batch_sharding", "check_batch_size", "data_axis_size",
-        "initialize", "make_mesh", "place_batch",
-    ])
-    assert sorted(trainer.__all__) == sorted([
-        "LAYER_SIZES", "TrainConfig", "evaluate", "init_params", "predict", "train",
-    ])
+    assert sorted(loaders.__all__) == sorted(
+        [
+            "BACKENDS",
+            "DATASETS",
+            "ArrayDataset",
+            "ArraySpec",
+            "Batch",
+            "BatchSource",
+            "Sampler",
+            "available",
+            "load_dataset",
+            "make",
+            "wrap",
+        ]
+    )
+    assert sorted(sharding.__all__) == sorted(
+        [
+            "DATA_AXIS",
+            "DeviceFeed",
+            "batch_sharding",
+            "check_batch_size",
+            "data_axis_size",
+            "initialize",
+            "make_mesh",
+            "place_batch",
+        ]
+    )
+    assert sorted(trainer.__all__) == sorted(
+        [
+            "LAYER_SIZES",
+            "TrainConfig",
+            "evaluate",
+            "init_params",
+            "predict",
+            "train",
+        ]
+    )
     for module in (loaders, sharding, trainer):
         for name in module.__all__:
             assert hasattr(module, name), name
 
 
 def test_importing_loaders_imports_no_framework_or_jax():
-    code = ("import sys, loaders; loaders.make('numpy', dataset='mnist-sample', batch_size=8); "
-            "heavy = {'torch', 'tensorflow', 'grain', 'datasets', 'jax'} & set(sys.modules); "
-            "assert not heavy, heavy")
+    code = (
+        "import sys, loaders; loaders.make('numpy', dataset='mnist-sample', batch_size=8); "
+        "heavy = {'torch', 'tensorflow', 'grain', 'datasets', 'jax'} & set(sys.modules); "
+        "assert not heavy, heavy"
+    )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
 
 
@@ -43,8 +71,9 @@ def test_missing_package_names_what_to_install(monkeypatch):
     import pytest
 
     real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec",
-                        lambda name, *a: None if name == "grain" else real(name, *a))
-    with pytest.raises(ImportError, match="needs the package 'grain'.*pip install grain"):
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "grain" else real(name, *a)
+    )
+    with pytest.raises(ImportError, match=r"needs the package 'grain'.*pip install grain"):
         loaders.make("grain", dataset="mnist-sample")
     assert loaders.available()["grain"] == "unavailable: pip install grain"

@@ -47,8 +47,10 @@ def test_start_resumes_mid_epoch():
 def test_process_slices_concatenate_to_the_single_process_global_batch(processes):
     local = 4
     single = Sampler(num_examples=50, batch_size=local * processes, seed=7)
-    shards = [Sampler(50, local, seed=7, process_index=p, process_count=processes)
-              for p in range(processes)]
+    shards = [
+        Sampler(50, local, seed=7, process_index=p, process_count=processes)
+        for p in range(processes)
+    ]
     assert {s.num_batches for s in shards} == {single.num_batches}
     plans = [_epoch(s, 1) for s in shards]
     for step, (global_idx, global_valid) in enumerate(_epoch(single, 1)):
@@ -67,8 +69,14 @@ def test_process_slices_concatenate_to_the_single_process_global_batch(processes
         (dict(num_examples=10, batch_size=0), "batch_size must be positive, got 0"),
         (dict(num_examples=10, batch_size=-3), "batch_size must be positive"),
         (dict(num_examples=10, batch_size=11), "larger than the split's 10 examples"),
-        (dict(num_examples=10, batch_size=4, process_count=3), r"global batch 12 .* use batch_size <= 3"),
-        (dict(num_examples=10, batch_size=2, process_index=2, process_count=2), r"process_index=2 is not in \[0, process_count=2\)"),
+        (
+            dict(num_examples=10, batch_size=4, process_count=3),
+            r"global batch 12 .* use batch_size <= 3",
+        ),
+        (
+            dict(num_examples=10, batch_size=2, process_index=2, process_count=2),
+            r"process_index=2 is not in \[0, process_count=2\)",
+        ),
     ],
 )
 def test_bad_arguments_raise_clear_errors(kwargs, match):

@@ -74,14 +74,18 @@ def test_batch_that_does_not_divide_raises_before_any_data_moves():
             calls.append(epoch)
             yield {"x": np.zeros(100, np.int32)}
 
-    with pytest.raises(ValueError, match=r"global batch 100 .* does not divide over 8 devices on "
-                       r"mesh axis 'data'. Pick a batch_size that is a multiple of 8 \(e.g. 96 or 104\)"):
+    expected = (
+        r"global batch 100 .* does not divide over 8 devices on mesh axis 'data'. "
+        r"Pick a batch_size that is a multiple of 8 \(e.g. 96 or 104\)"
+    )
+    with pytest.raises(ValueError, match=expected):
         DeviceFeed(Spy(), make_mesh())
     assert calls == []
 
 
 def test_unknown_mesh_axis():
-    with pytest.raises(ValueError, match=r"mesh axis 'data' not found; the mesh has axes \('batch',\)"):
+    expected = r"mesh axis 'data' not found; the mesh has axes \('batch',\)"
+    with pytest.raises(ValueError, match=expected):
         batch_sharding(Mesh(np.array(jax.devices()), ("batch",)))
 
 

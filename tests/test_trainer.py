@@ -10,8 +10,9 @@ from trainer import TrainConfig, evaluate, init_params, predict, train
 
 
 def _make(split, batch_size, **kwargs):
-    return loaders.make("numpy", dataset="mnist-sample", split=split, batch_size=batch_size,
-                        **kwargs)
+    return loaders.make(
+        "numpy", dataset="mnist-sample", split=split, batch_size=batch_size, **kwargs
+    )
 
 
 def test_padded_rows_never_count():
@@ -26,8 +27,13 @@ def test_padded_rows_never_count():
 
 
 def test_default_run_reaches_90_percent_on_mnist_sample():
-    _, history = train(_make("train", 128), _make("test", 128, shuffle=False),
-                       TrainConfig(epochs=5, seed=0), sharding=make_mesh(), progress=False)
+    _, history = train(
+        _make("train", 128),
+        _make("test", 128, shuffle=False),
+        TrainConfig(epochs=5, seed=0),
+        sharding=make_mesh(),
+        progress=False,
+    )
     assert len(history) == 5
     assert history[-1]["test_accuracy"] >= 0.90
     assert history[-1]["loss"] < history[0]["loss"]
@@ -38,8 +44,13 @@ def test_default_run_reaches_90_percent_on_mnist_sample():
 
 def test_same_seed_same_curve_and_different_seed_differs():
     def curve(seed):
-        _, history = train(_make("train", 256, seed=seed), None,
-                           TrainConfig(epochs=2, seed=seed), sharding=make_mesh(), progress=False)
+        _, history = train(
+            _make("train", 256, seed=seed),
+            None,
+            TrainConfig(epochs=2, seed=seed),
+            sharding=make_mesh(),
+            progress=False,
+        )
         return [m["loss"] for m in history]
 
     assert curve(3) == curve(3)
@@ -48,8 +59,13 @@ def test_same_seed_same_curve_and_different_seed_differs():
 
 def test_one_device_and_eight_devices_agree():
     def final(devices):
-        _, history = train(_make("train", 128), _make("test", 128, shuffle=False),
-                           TrainConfig(epochs=2), sharding=make_mesh(devices), progress=False)
+        _, history = train(
+            _make("train", 128),
+            _make("test", 128, shuffle=False),
+            TrainConfig(epochs=2),
+            sharding=make_mesh(devices),
+            progress=False,
+        )
         return history[-1]
 
     one, eight = final(jax.devices()[:1]), final(jax.devices())

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import jax
 import jax.numpy as jnp
 
@@ -12,7 +14,8 @@ LAYER_SIZES = (784, 512, 512, 10)
 def init_params(key: jax.Array, sizes: tuple[int, ...] = LAYER_SIZES) -> Params:
     """He-normal weights and zero biases for each dense layer."""
     params = []
-    for k, (n_in, n_out) in zip(jax.random.split(key, len(sizes) - 1), zip(sizes[:-1], sizes[1:])):
+    keys = jax.random.split(key, len(sizes) - 1)
+    for k, (n_in, n_out) in zip(keys, itertools.pairwise(sizes), strict=True):
         w = jax.random.normal(k, (n_in, n_out), jnp.float32) * jnp.sqrt(2.0 / n_in)
         params.append((w, jnp.zeros((n_out,), jnp.float32)))
     return params
