@@ -55,6 +55,14 @@ class SampledSource(abc.ABC):
         return self.sampler.num_batches
 
     @property
+    def process_index(self) -> int:
+        return self.sampler.process_index
+
+    @property
+    def process_count(self) -> int:
+        return self.sampler.process_count
+
+    @property
     def element_spec(self) -> Mapping[str, ArraySpec]:
         b = self.batch_size
         spec = {

@@ -6,7 +6,7 @@ device, many devices, many hosts), and the prefetching device feed.
 
 from sharding.distributed import initialize
 from sharding.mesh import DATA_AXIS, batch_sharding, data_axis_size, make_mesh
-from sharding.placement import check_batch_size, place_batch
+from sharding.placement import check_batch_size, check_process, place_batch
 from sharding.prefetch import DeviceFeed
 
 __all__ = [
@@ -14,6 +14,7 @@ __all__ = [
     "DeviceFeed",
     "batch_sharding",
     "check_batch_size",
+    "check_process",
     "data_axis_size",
     "initialize",
     "make_mesh",

@@ -46,6 +46,26 @@ def check_batch_size(batch_size: int, sharding: NamedSharding) -> None:
     )
 
 
+def check_process(source: object) -> None:
+    """Raises if a source was made for another process layout than this job's.
+
+    Sources that know their slice (``process_index``/``process_count``, as
+    every built-in one does) must match ``jax.process_index()`` and
+    ``jax.process_count()``; otherwise the global batches would silently
+    repeat or skip rows.
+    """
+    made_for = (getattr(source, "process_index", None), getattr(source, "process_count", None))
+    if made_for == (None, None):
+        return
+    actual = (jax.process_index(), jax.process_count())
+    if made_for != actual:
+        raise ValueError(
+            f"the source was made for process {made_for[0]} of {made_for[1]}, but this is "
+            f"process {actual[0]} of {actual[1]}; pass process_index=jax.process_index(), "
+            f"process_count=jax.process_count() to loaders.make"
+        )
+
+
 def place_batch(batch: Mapping[str, np.ndarray], sharding: NamedSharding) -> dict[str, jax.Array]:
     """One host batch -> global `jax.Array`s sharded along the batch axis.
 

@@ -17,7 +17,7 @@ from jax.sharding import NamedSharding
 
 from loaders.protocol import BatchSource
 from sharding.mesh import batch_sharding
-from sharding.placement import check_batch_size, place_batch
+from sharding.placement import check_batch_size, check_process, place_batch
 
 _END = object()
 _POLL_SECONDS = 0.1
@@ -113,6 +113,7 @@ class DeviceFeed:
             )
         self.sharding = batch_sharding(sharding)
         check_batch_size(source.batch_size, self.sharding)
+        check_process(source)
         self.num_batches = source.num_batches
         self.wait_seconds = 0.0
         self._done = False

@@ -30,6 +30,7 @@ def test_public_names():
             "DeviceFeed",
             "batch_sharding",
             "check_batch_size",
+            "check_process",
             "data_axis_size",
             "initialize",
             "make_mesh",

@@ -163,3 +163,31 @@ def test_jitted_step_consumes_placed_batches():
 def test_bad_buffer_sizes():
     with pytest.raises(ValueError, match="host_buffer and device_buffer must be >= 1"):
         DeviceFeed(_source(), make_mesh(), host_buffer=0)
+
+
+def test_source_made_for_another_process_layout_is_refused():
+    source = loaders.make(
+        "numpy", dataset="mnist-sample", batch_size=8, process_count=2, process_index=1
+    )
+    with pytest.raises(ValueError, match=r"made for process 1 of 2, but this is process 0 of 1"):
+        DeviceFeed(source, make_mesh())
+
+
+@pytest.mark.parametrize("backend", ["numpy", "torch", "tf", "grain", "hf"])
+def test_every_backend_feeds_a_jitted_step_on_eight_devices(backend):
+    source = loaders.make(
+        backend, dataset="mnist-sample", split="test", batch_size=96, shuffle=False
+    )
+    mesh = make_mesh()
+    expected = loaders.load_dataset("mnist-sample", "test").labels
+    count = jax.jit(lambda b: jnp.sum(b["mask"]))
+    label_sum = jax.jit(lambda b: jnp.sum(b["label"] * b["mask"]))
+    seen = total = 0
+    with DeviceFeed(source, mesh) as feed:
+        for batch in feed:
+            assert batch["image"].shape == (96, 28, 28, 1)
+            assert batch["image"].sharding.spec == PartitionSpec("data")
+            assert {s.data.shape[0] for s in batch["image"].addressable_shards} == {12}
+            seen += int(count(batch))
+            total += int(label_sum(batch))
+    assert seen == len(expected) and total == int(expected.sum())
