@@ -2,9 +2,9 @@
 
 The split is stored once as a real TFDS dataset (``tfrecord`` files plus
 ``dataset_info.json``) under ``cache_root()/tfds/<name>-<content hash>``,
-read back with ``tfds.builder_from_directory``, and held as tensors; every
-epoch is then a tf.data pipeline of vectorised ``tf.gather`` calls, one per
-batch of indices, prefetched by tf.data.
+read back with ``tfds.builder_from_directory``, and held as tensors. Batches
+come from a tf.data pipeline, built once per source, that makes one
+vectorised ``tf.gather`` per batch of indices and prefetches ahead.
 
 The cache is built in a private temporary directory and renamed into place,
 so a crash never leaves a half-built dataset and concurrent processes can
@@ -23,6 +23,7 @@ import re
 import shutil
 import sys
 import tempfile
+import threading
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from types import ModuleType
@@ -151,18 +152,51 @@ def prepare_tfds(dataset: ArrayDataset) -> Path:
     return builder_dir
 
 
+def _gather(images: Any, labels: Any, indices: Any) -> dict[str, Any]:
+    """One batch: a single vectorised ``tf.gather`` per leaf."""
+    tf = _tensorflow()
+    return {"image": tf.gather(images, indices), "label": tf.gather(labels, indices)}
+
+
+class _Pipeline:
+    """A sampler-order tf.data pipeline, built (and its map function traced) once.
+
+    The epoch's index table lives in a ``tf.Variable`` that the pipeline reads
+    when it runs, so a new epoch is an ``assign`` and a fresh iterator rather
+    than a new pipeline: building one per epoch cost about as much as reading
+    an MNIST epoch through it.
+    """
+
+    def __init__(self, images: Any, labels: Any, num_batches: int, batch_size: int):
+        tf = _tensorflow()
+        self.table = table = tf.Variable(tf.zeros([num_batches, batch_size], tf.int64))
+        self.batches = (
+            tf.data.Dataset.range(num_batches)
+            .map(
+                lambda step: _gather(images, labels, tf.gather(table, step)),
+                num_parallel_calls=tf.data.AUTOTUNE,
+                deterministic=True,
+            )
+            .prefetch(tf.data.AUTOTUNE)
+        )
+
+
 class TfSource(SampledSource):
     """Batches from a tf.data pipeline over a TFDS-format copy of the dataset.
 
     Args:
-      dataset, sampler, order: see `SampledSource`. ``order="native"`` is the
-        tf.data idiom ``Dataset.range(N).shuffle(N, seed=f(seed, epoch),
-        reshuffle_each_iteration=False).shard(process_count, process_index)
-        .batch(batch_size, drop_remainder)``. Like torch's DistributedSampler,
-        with several processes and ``drop_remainder=False`` the order is first
-        padded with its own head to a multiple of ``process_count``, so every
-        process yields the same number of batches. A global seed set with
-        ``tf.random.set_seed`` also changes this order.
+      dataset, sampler, order: see `SampledSource`. ``order="sampler"``:
+        ``Dataset.range(num_batches).map(gather(images, table[step]))
+        .prefetch(AUTOTUNE)`` over the sampler's index table (one vectorised
+        gather per batch). ``order="native"``: the order is the tf.data idiom
+        ``Dataset.range(N).shuffle(N, seed=f(seed, epoch),
+        reshuffle_each_iteration=False).shard(process_count, process_index)``,
+        cut into batches as ``.batch(batch_size, drop_remainder)`` would and
+        read through the same gather pipeline. Like torch's
+        DistributedSampler, with several processes and ``drop_remainder=False``
+        the order is first padded with its own head to a multiple of
+        ``process_count``, so every process yields the same number of batches.
+        A global seed set with ``tf.random.set_seed`` also changes this order.
 
     Raises:
       RuntimeError: the cached TFDS dataset does not match ``dataset``.
@@ -183,22 +217,27 @@ class TfSource(SampledSource):
                 "delete that directory so it is rebuilt"
             )
         self._images, self._labels = split["image"], split["label"]
-
-    def _serve(self, index_batches: Any) -> Iterator[Mapping[str, np.ndarray]]:
-        """Gathers each batch of a tf.data dataset of index batches, in order."""
-        tf = _tensorflow()
-        images, labels = self._images, self._labels
-        batches = index_batches.map(
-            lambda idx: {"image": tf.gather(images, idx), "label": tf.gather(labels, idx)},
-            num_parallel_calls=tf.data.AUTOTUNE,
-            deterministic=True,
-        ).prefetch(tf.data.AUTOTUNE)
-        return batches.as_numpy_iterator()
+        # One pipeline per epoch being read at the same time (normally just one).
+        self._idle: list[_Pipeline] = []
+        self._lock = threading.Lock()
 
     def _fetch(self, index_batches: Sequence[np.ndarray]) -> Iterator[Mapping[str, np.ndarray]]:
-        tf = _tensorflow()
-        stacked = np.asarray(index_batches, dtype=np.int64).reshape(-1, self.batch_size)
-        return self._serve(tf.data.Dataset.from_tensor_slices(stacked))
+        with self._lock:
+            pipeline = self._idle.pop() if self._idle else None
+        if pipeline is None:
+            pipeline = _Pipeline(self._images, self._labels, self.num_batches, self.batch_size)
+        try:
+            # The plan starts at batch ``start``: right-align it and skip the head.
+            skip = self.num_batches - len(index_batches)
+            if len(index_batches):
+                table = np.zeros((self.num_batches, self.batch_size), np.int64)
+                table[skip:] = index_batches
+                pipeline.table.assign(table)
+            batches = pipeline.batches.skip(skip) if skip else pipeline.batches
+            yield from batches.as_numpy_iterator()
+        finally:
+            with self._lock:
+                self._idle.append(pipeline)
 
     def _native_epoch(self, epoch: int) -> Iterator[Mapping[str, np.ndarray]]:
         tf = _tensorflow()
@@ -210,11 +249,17 @@ class TfSource(SampledSource):
         pad = 0 if s.drop_remainder else -n % s.process_count
         if pad:
             order = order.repeat(2).take(n + pad)  # same order twice: pad with its head
-        batches = order.shard(s.process_count, s.process_index).batch(
-            s.batch_size, drop_remainder=s.drop_remainder
-        )
-        # drop_remainder: shards may differ by one example; keep equal counts.
-        return self._serve(batches.take(s.num_batches))
+        # This process's whole shard as ONE element: a tf.data iterator step costs
+        # far more than the gather it feeds, so batching happens on the result.
+        mine = order.shard(s.process_count, s.process_index).batch(n + pad).get_single_element()
+        # drop_remainder: shards may differ by one example; keep equal batch counts.
+        count = min(len(mine), s.num_batches * s.batch_size)
+        table = np.zeros(s.num_batches * s.batch_size, np.int64)
+        table[:count] = mine.numpy()[:count]
+        batches = self._fetch(list(table.reshape(s.num_batches, s.batch_size)))
+        for step, batch in enumerate(batches):
+            valid = min(s.batch_size, count - step * s.batch_size)
+            yield {key: value[:valid] for key, value in batch.items()}
 
 
 def build(dataset: ArrayDataset, sampler: Sampler, **options: Any) -> TfSource:

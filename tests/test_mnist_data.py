@@ -296,17 +296,15 @@ def test_unwritable_cache_under_a_file(monkeypatch: pytest.MonkeyPatch, tmp_path
         load_dataset("mnist-10k")
 
 
-def test_unwritable_cache_read_only_dir(tmp_path: Path) -> None:
-    locked = tmp_path / "locked"
-    locked.mkdir()
-    locked.chmod(0o500)
-    try:
-        if os.access(locked, os.W_OK) and os.geteuid() == 0:
-            pytest.skip("running as root: chmod does not stop writing (see the test above)")
-        with pytest.raises(ValueError, match=r"is not writable \(PermissionError"):
-            writable_dir(locked / "cache")
-    finally:
-        locked.chmod(0o700)
+def test_unwritable_cache_read_only_dir(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    # chmod cannot stop root (CI runs as root), so the OS refusal is simulated
+    # where writable_dir probes the directory.
+    def refuse(*args, **kwargs):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr("loaders.cache.tempfile.mkstemp", refuse)
+    with pytest.raises(ValueError, match=r"is not writable \(PermissionError: Permission denied"):
+        writable_dir(tmp_path / "cache")
 
 
 # ---- named datasets -----------------------------------------------------------

@@ -118,6 +118,35 @@ def test_matches_numpy_backend(drop_remainder):
     assert list(tf_source.iter_epoch(1, start=tf_source.num_batches)) == []
 
 
+def test_pipeline_is_built_once_and_epochs_can_interleave(monkeypatch):
+    built = []
+    pipeline = tf_backend._Pipeline
+
+    def counting(*args, **kwargs):
+        built.append(pipeline(*args, **kwargs))
+        return built[-1]
+
+    monkeypatch.setattr(tf_backend, "_Pipeline", counting)
+    options = dict(dataset="mnist-sample", batch_size=BATCH, seed=4)
+    source, reference = loaders.make("tf", **options), loaders.make("numpy", **options)
+    for epoch in range(3):
+        for got, want in zip(source.iter_epoch(epoch), reference.iter_epoch(epoch), strict=True):
+            np.testing.assert_array_equal(got["image"], want["image"])
+    assert len(built) == 1  # later epochs reuse the pipeline and its traced map function
+    # Two epochs read at once each get a pipeline, so neither sees the other's order.
+    pairs = zip(
+        source.iter_epoch(0),
+        source.iter_epoch(1),
+        reference.iter_epoch(0),
+        reference.iter_epoch(1),
+        strict=True,
+    )
+    for got0, got1, want0, want1 in pairs:
+        np.testing.assert_array_equal(got0["label"], want0["label"])
+        np.testing.assert_array_equal(got1["label"], want1["label"])
+    assert len(built) == 2
+
+
 def test_native_order_is_seeded_per_epoch_and_covers_every_sample():
     data = _indexed(1000)
 

@@ -236,7 +236,7 @@ def _run_train(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run_compare(args: argparse.Namespace) -> int:
+def _run_compare(args: argparse.Namespace, command: list[str]) -> int:
     if args.warmup < 0:
         raise ValueError(f"--warmup must be >= 0, got {args.warmup}")
     _set_devices(args.devices)
@@ -264,7 +264,7 @@ def _run_compare(args: argparse.Namespace) -> int:
         baselines=not args.no_baselines,
     )
     mesh = make_mesh(_pick_devices(jax.devices(), args.devices))
-    result = run(config, mesh, command=[Path(sys.argv[0]).name, *sys.argv[1:]])
+    result = run(config, mesh, command)
     print(format_report(result))
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
@@ -287,7 +287,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "train":
         return _run_train(args)
     if args.command == "compare":
-        return _run_compare(args)
+        return _run_compare(args, ["jaxfeed", *(sys.argv[1:] if argv is None else argv)])
     return _run_backends()
 
 

@@ -2,8 +2,9 @@
 
 Each repeat runs every measurement over every backend and baseline in turn
 (A B C A B C ...), so drift on a noisy machine hits all of them alike; the
-report gives per-repeat figures and their medians. See `run` for what is
-measured and `format_report` / `write_plot` for the outputs.
+result keeps every per-repeat figure beside the medians. See `run` for what
+is measured; `trainer.compare_report` derives the ratios and renders tables
+and plots.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import loaders
 from loaders.cache import CACHE_ENV
 from sharding import DeviceFeed
 from trainer import baselines
+from trainer.compare_report import ratios_and_targets
 from trainer.train import TrainConfig, train
 
 WARMUP_BATCHES = 16  # a warm-up pass reads at most this many batches per loader
@@ -171,9 +173,11 @@ class _Memory:
 
 def _build_rows(config: CompareConfig, mesh: jax.sharding.Mesh, memory: _Memory) -> list[_Row]:
     common = dict(
-        dataset=config.dataset, data_dir=config.data_dir, batch_size=config.batch_size,
+        dataset=config.dataset,
+        data_dir=config.data_dir,
+        batch_size=config.batch_size,
         seed=config.seed,
-    )  # fmt: skip
+    )
     rows: list[_Row] = []
     for name in config.backends:
         row = _Row(name, "backend", name, loaders.BACKENDS[name].description, None, None)
@@ -225,9 +229,11 @@ def _measure(row: _Row, metric: str, config: CompareConfig, epoch: int, n: int, 
         return _rate("feed", *_drain(row.device(epoch), limit, n))
     if metric == "train":
         _, history = train(
-            *row.training, TrainConfig(epochs=config.train_epochs, seed=config.seed),
-            sharding=mesh, progress=False,
-        )  # fmt: skip
+            *row.training,
+            TrainConfig(epochs=config.train_epochs, seed=config.seed),
+            sharding=mesh,
+            progress=False,
+        )
         steady = history[1:] or history  # epoch 1 includes compiling the step
         return {
             "epoch_s": statistics.median(m["seconds"] for m in steady),
@@ -264,9 +270,12 @@ def run(config: CompareConfig, mesh: jax.sharding.Mesh, command: list[str]) -> d
     tasks = [
         (r, m, row) for r in range(config.warmup) for m in ("loader", "feed") for row in rows
     ] + [
-        (config.warmup + r, m, row) for r in range(config.repeats) for m in METRICS
-        for row in rows if _supports(row, m)
-    ]  # fmt: skip
+        (config.warmup + r, m, row)
+        for r in range(config.repeats)
+        for m in METRICS
+        for row in rows
+        if _supports(row, m)
+    ]
     for row in rows:
         row.runs = [{} for _ in range(config.repeats)]
     with tqdm(total=len(tasks), desc="compare", disable=not sys.stderr.isatty()) as bar:
@@ -288,50 +297,6 @@ def run(config: CompareConfig, mesh: jax.sharding.Mesh, command: list[str]) -> d
 def _median_figures(runs: list[dict[str, Any]]) -> dict[str, float]:
     keys = [k for k, v in runs[0].items() if isinstance(v, int | float)]
     return {k: float(statistics.median(run[k] for run in runs)) for k in keys}
-
-
-def _targets(backends: dict, rows: dict) -> tuple[dict, list[dict]]:
-    """Ratios of medians, and the performance targets of DESIGN.md checked against them."""
-    ratios: dict[str, dict] = {"slowdown_vs_fastest": {}, "adapter_vs_tutorial": {}}
-    targets: list[dict] = []
-
-    def check(target: str, row: str, value: float, limit: float, at_most: bool) -> None:
-        met = value <= limit if at_most else value >= limit
-        targets.append(dict(target=target, row=row, value=value, limit=limit, met=met))
-
-    fastest = max(b["median"]["loader_samples_per_s"] for b in backends.values())
-    memory = rows.get("in-memory", {}).get("median", {})
-    if memory:
-        ratios["epoch_time_vs_in_memory"], ratios["feed_vs_in_memory"] = {}, {}
-    for name, b in backends.items():
-        med = b["median"]
-        slow = fastest / med["loader_samples_per_s"]
-        ratios["slowdown_vs_fastest"][name] = slow
-        check("loader-only no more than 3x below the fastest backend", name, slow, 3.0, True)
-        if "data_wait_fraction" in med:
-            check(
-                "training data wait < 5% of wall time", name, med["data_wait_fraction"], 0.05, True
-            )
-        if memory:
-            epoch = med["epoch_s"] / memory["epoch_s"]
-            ratios["epoch_time_vs_in_memory"][name] = epoch
-            ratios["feed_vs_in_memory"][name] = (
-                med["feed_samples_per_s"] / memory["feed_samples_per_s"]
-            )
-            check("epoch time within 1.15x of the in-memory ceiling", name, epoch, 1.15, True)
-        for tut, row in rows.items():
-            if row["framework"] != name:
-                continue
-            loader = med["loader_samples_per_s"] / row["median"]["loader_samples_per_s"]
-            feed = med["feed_samples_per_s"] / row["median"]["feed_samples_per_s"]
-            ratios["adapter_vs_tutorial"].setdefault(name, {})[tut] = {
-                "loader": loader,
-                "feed": feed,
-            }
-            check(f"loader-only >= the {tut} tutorial loop", name, loader, 1.0, False)
-            if name in ("grain", "hf"):
-                check(f"loader-only >= 5x the {tut} tutorial loop", name, loader, 5.0, False)
-    return ratios, targets
 
 
 def _machine(mesh: jax.sharding.Mesh) -> dict[str, Any]:
@@ -363,7 +328,7 @@ def _report(config, mesh, command, rows: list[_Row], seconds: float, memory: _Me
 
     backends = {r.name: entry(r) for r in rows if r.kind == "backend"}
     base = {r.name: entry(r) for r in rows if r.kind == "baseline"}
-    ratios, targets = _targets(backends, base)
+    ratios, targets = ratios_and_targets(backends, base)
     train_data = loaders.load_dataset(config.dataset, "train", data_dir=config.data_dir)
     test_data = loaders.load_dataset(config.dataset, "test", data_dir=config.data_dir)
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS

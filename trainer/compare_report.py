@@ -1,7 +1,7 @@
-"""Renders a `jaxfeed compare` result: plain-text tables and a PNG bar chart.
+"""Reads a `jaxfeed compare` result: ratios and targets, plain-text tables, a PNG.
 
-Both take the JSON-able dict that `trainer.compare.run` returns, so a saved
-``--json`` file can be re-rendered later without measuring again.
+Everything here works on the JSON-able dict that `trainer.compare.run`
+returns, so a saved ``--json`` file can be re-rendered without measuring.
 """
 
 from __future__ import annotations
@@ -12,6 +12,58 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+
+def ratios_and_targets(backends: dict, rows: dict) -> tuple[dict, list[dict]]:
+    """Ratios of medians, and DESIGN.md's performance targets checked against them.
+
+    Args:
+      backends, rows: the ``backends`` and ``baselines`` entries of a result.
+
+    Returns:
+      ``(ratios, targets)``: ratios by kind then row; one dict per target
+      check (``target``, ``row``, ``value``, ``limit``, ``met``).
+    """
+    ratios: dict[str, dict] = {"slowdown_vs_fastest": {}, "adapter_vs_tutorial": {}}
+    targets: list[dict] = []
+
+    def check(target: str, row: str, value: float, limit: float, at_most: bool) -> None:
+        met = value <= limit if at_most else value >= limit
+        targets.append(dict(target=target, row=row, value=value, limit=limit, met=met))
+
+    fastest = max(b["median"]["loader_samples_per_s"] for b in backends.values())
+    memory = rows.get("in-memory", {}).get("median", {})
+    if memory:
+        ratios["epoch_time_vs_in_memory"], ratios["feed_vs_in_memory"] = {}, {}
+    for name, b in backends.items():
+        med = b["median"]
+        slow = fastest / med["loader_samples_per_s"]
+        ratios["slowdown_vs_fastest"][name] = slow
+        check("loader-only no more than 3x below the fastest backend", name, slow, 3.0, True)
+        if "data_wait_fraction" in med:
+            check(
+                "training data wait < 5% of wall time", name, med["data_wait_fraction"], 0.05, True
+            )
+        if memory:
+            epoch = med["epoch_s"] / memory["epoch_s"]
+            ratios["epoch_time_vs_in_memory"][name] = epoch
+            ratios["feed_vs_in_memory"][name] = (
+                med["feed_samples_per_s"] / memory["feed_samples_per_s"]
+            )
+            check("epoch time within 1.15x of the in-memory ceiling", name, epoch, 1.15, True)
+        for tut, row in rows.items():
+            if row["framework"] != name:
+                continue
+            loader = med["loader_samples_per_s"] / row["median"]["loader_samples_per_s"]
+            feed = med["feed_samples_per_s"] / row["median"]["feed_samples_per_s"]
+            ratios["adapter_vs_tutorial"].setdefault(name, {})[tut] = {
+                "loader": loader,
+                "feed": feed,
+            }
+            check(f"loader-only >= the {tut} tutorial loop", name, loader, 1.0, False)
+            if name in ("grain", "hf"):
+                check(f"loader-only >= 5x the {tut} tutorial loop", name, loader, 5.0, False)
+    return ratios, targets
 
 
 def _table(title: str, columns: list[tuple[str, Callable]], rows: dict[str, dict]) -> str:
@@ -82,8 +134,13 @@ def format_report(result: dict[str, Any]) -> str:
             pairs,
         ),
         _table(
-            f"Training, {cfg['train_epochs']} epochs per repeat (epoch time, data wait: median "
-            "of epochs 2.., as epoch 1 compiles; test accuracy after the last epoch)",
+            f"Training, {cfg['train_epochs']} epoch(s) per repeat (epoch time, data wait: "
+            + (
+                "median of epochs 2.., as epoch 1 compiles"
+                if cfg["train_epochs"] > 1
+                else "epoch 1, compiling included"
+            )
+            + "; test accuracy after the last epoch)",
             [
                 ("name", lambda n, r: n),
                 ("epoch s", _fig("epoch_s", ".3f")),
@@ -135,6 +192,7 @@ def write_plot(result: dict[str, Any], path: str | os.PathLike) -> Path:
         values = [rows[n]["median"][f"{key}_samples_per_s"] for n in names]
         speed.barh(y + offset, values, height=0.4, label=label)
     speed.set(yticks=y, yticklabels=names, xscale="log", xlabel="samples/s (median)")
+    speed.axhline(len(result["backends"]) - 0.5, color="grey", linewidth=0.8)  # | baselines
     speed.invert_yaxis()
     speed.legend(loc="lower right")
     trained = [n for n in names if "data_wait_fraction" in rows[n]["median"]]

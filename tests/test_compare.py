@@ -1,0 +1,195 @@
+"""`jaxfeed compare`: one tiny in-process run, checked field by field.
+
+No timing assertions: the figures are only checked to be present and sane
+(positive, finite, fractions in [0, 1]).
+"""
+
+import contextlib
+import io
+import json
+import math
+
+import numpy as np
+import pytest
+
+import loaders
+from trainer.cli import main
+
+BACKENDS = sorted(n for n, s in loaders.available().items() if not s.startswith("unavailable"))
+TUTORIALS = {
+    "torch": ["torch-dataloader"],
+    "tf": ["tf-data"],
+    "grain": ["grain-dataloader", "grain-mapdataset"],
+    "hf": ["hf-iter"],
+}
+BATCH, BATCHES = 64, 3
+
+
+def _strict_json(text: str) -> dict:
+    def reject(constant: str) -> None:
+        raise ValueError(f"JSON holds {constant}, which is not valid JSON")
+
+    return json.loads(text, parse_constant=reject)
+
+
+@pytest.fixture(scope="module")
+def compare(tmp_path_factory):
+    out = tmp_path_factory.mktemp("compare")
+    args = [
+        "compare",
+        "--batch-size",
+        str(BATCH),
+        "--max-batches",
+        str(BATCHES),
+        "--repeats",
+        "1",
+        "--warmup",
+        "1",
+        "--train-epochs",
+        "1",
+        "--devices",
+        "2",
+        "--json",
+        str(out / "result.json"),
+        "--plot",
+        str(out / "result.png"),
+    ]
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        assert main(args) == 0
+    result = _strict_json((out / "result.json").read_text())
+    assert result["command"] == ["jaxfeed", *args]
+    return result, out / "result.png", printed.getvalue()
+
+
+def _positive(value) -> bool:
+    return isinstance(value, int | float) and math.isfinite(value) and value > 0
+
+
+def test_every_backend_and_baseline_is_present(compare):
+    result, _, _ = compare
+    assert sorted(result["backends"]) == BACKENDS
+    expected = ["in-memory", *(t for b in BACKENDS for t in TUTORIALS.get(b, []))]
+    assert sorted(result["baselines"]) == sorted(expected)
+    for name, row in {**result["backends"], **result["baselines"]}.items():
+        assert row["kind"] == ("backend" if name in BACKENDS else "baseline")
+        assert isinstance(row["description"], str) and row["description"]
+
+
+def test_throughput_figures_are_sane(compare):
+    result, _, _ = compare
+    for name, row in {**result["backends"], **result["baselines"]}.items():
+        assert len(row["runs"]) == 1, name
+        run = row["runs"][0]
+        for stage in ("loader", "feed"):
+            # 3 full batches of 64 from a 4,000-example split: no padding.
+            assert run[f"{stage}_samples"] == BATCH * BATCHES, (name, stage)
+            for key in ("seconds", "samples_per_s", "mb_per_s"):
+                assert _positive(run[f"{stage}_{key}"]), (name, stage, key)
+                assert row["median"][f"{stage}_{key}"] == run[f"{stage}_{key}"]
+
+
+def test_training_figures_are_sane_and_identical_across_backends(compare):
+    result, _, _ = compare
+    trained = {**result["backends"], "in-memory": result["baselines"]["in-memory"]}
+    for name, row in trained.items():
+        median = row["median"]
+        assert _positive(median["epoch_s"]), name
+        assert 0 <= median["data_wait_fraction"] <= 1, name
+        assert 0 <= median["test_accuracy"] <= 1, name
+        assert [m["epoch"] for m in row["runs"][0]["history"]] == [1]
+    # Same seed and batch size: byte-identical batches, so identical training.
+    accuracies = {row["median"]["test_accuracy"] for row in trained.values()}
+    assert len(accuracies) == 1, accuracies
+    for name, row in result["baselines"].items():
+        if name != "in-memory":
+            assert "epoch_s" not in row["median"], name
+
+
+def test_first_batch_and_memory(compare):
+    result, _, _ = compare
+    for name, row in result["backends"].items():
+        for key in ("first_batch_cold_s", "first_batch_warm_s"):
+            assert _positive(row["median"][key]), (name, key)
+    assert result["memory_per_row"] is True  # the tests run on Linux
+    for name, row in {**result["backends"], **result["baselines"]}.items():
+        assert _positive(row["memory"]["peak_rss_mb"]), name
+        assert 0 <= row["memory"]["peak_increase_mb"] <= row["memory"]["peak_rss_mb"], name
+    assert _positive(result["process_peak_rss_mb"])
+    assert "VmHWM" in result["memory_note"] and "ru_maxrss" in result["memory_note"]
+
+
+def test_ratios_and_targets(compare):
+    result, _, _ = compare
+    ratios = result["ratios"]
+    assert sorted(ratios["slowdown_vs_fastest"]) == BACKENDS
+    assert min(ratios["slowdown_vs_fastest"].values()) == 1.0
+    assert all(v >= 1 for v in ratios["slowdown_vs_fastest"].values())
+    for table in ("epoch_time_vs_in_memory", "feed_vs_in_memory"):
+        assert sorted(ratios[table]) == BACKENDS
+        assert all(_positive(v) for v in ratios[table].values())
+    assert sorted(ratios["adapter_vs_tutorial"]) == sorted(b for b in BACKENDS if b in TUTORIALS)
+    for backend, tutorials in ratios["adapter_vs_tutorial"].items():
+        assert sorted(tutorials) == sorted(TUTORIALS[backend])
+        for r in tutorials.values():
+            assert _positive(r["loader"]) and _positive(r["feed"])
+    assert result["targets"]
+    for target in result["targets"]:
+        assert target["row"] in BACKENDS and isinstance(target["met"], bool)
+        assert math.isfinite(target["value"]) and target["limit"] > 0
+
+
+def test_run_description(compare):
+    result, _, _ = compare
+    assert result["config"]["repeats"] == 1 and result["config"]["max_batches"] == BATCHES
+    assert sorted(result["config"]["backends"]) == BACKENDS
+    assert result["dataset"] == {
+        "name": "mnist-sample",
+        "train_examples": 4000,
+        "test_examples": 1000,
+        "image_shape": [28, 28, 1],
+    }
+    assert result["versions"]["loaders"] == loaders.available()
+    assert isinstance(result["versions"]["jax"], str)
+    machine = result["machine"]
+    assert machine["cpu_count"] >= 1 and _positive(machine["memory_total_bytes"])
+    assert len(machine["mesh_devices"]) == 2 and len(machine["jax_devices"]) >= 2
+    assert _positive(result["total_seconds"])
+
+
+def test_table_names_every_row_and_target(compare):
+    result, _, printed = compare
+    for name in [*result["backends"], *result["baselines"]]:
+        assert f"\n{name} " in printed, name
+    for heading in ("Throughput", "tutorial loop", "Training", "Time to first batch", "Targets"):
+        assert heading in printed
+    assert printed.count("met ") + printed.count("MISSED ") == len(result["targets"])
+
+
+def test_plot_is_a_readable_png(compare):
+    from matplotlib import image
+
+    _, png, _ = compare
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    pixels = image.imread(png)
+    assert pixels.ndim == 3 and pixels.shape[0] > 100 and pixels.shape[1] > 100
+    assert np.ptp(pixels) > 0  # not a blank canvas
+
+
+@pytest.mark.parametrize(
+    ("args", "error", "match"),
+    [
+        (["--loaders", "numpy,nope"], ValueError, r"unknown backend 'nope'; choose one of"),
+        (["--warmup", "-1"], ValueError, r"--warmup must be >= 0, got -1"),
+    ],
+)
+def test_bad_input_is_a_clear_error(args, error, match):
+    with pytest.raises(error, match=match):
+        main(["compare", "--max-batches", "1", "--repeats", "1", *args])
+
+
+@pytest.mark.parametrize("args", [["--loaders", ","], ["--repeats", "0"]])
+def test_argument_errors_exit_with_usage(args, capsys):
+    with pytest.raises(SystemExit):
+        main(["compare", *args])
+    assert "error" in capsys.readouterr().err
