@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import hashlib
 import io
 import logging
 import os
@@ -31,13 +30,14 @@ from typing import Any
 
 import numpy as np
 
-from loaders.cache import cache_root, writable_dir
+from loaders.cache import cache_root, fingerprint, writable_dir
 from loaders.datasets import ArrayDataset
 from loaders.sampler import Sampler
 from loaders.source import SampledSource
 
 TFDS_NAME = "jaxfeed_arrays"
 """The TFDS dataset name inside each cache directory."""
+BYTES_PER_STEP = 4 << 20  # images gathered per tf.data element (see _Pipeline)
 TFDS_VERSION = "1.0.0"
 """Bump to rebuild every cache when the stored features change."""
 
@@ -62,13 +62,10 @@ def _tfds() -> ModuleType:
 
 
 def cache_key(dataset: ArrayDataset) -> str:
-    """``<readable name>-<sha1 of the arrays>``: new data never reuses a stale cache."""
-    digest = hashlib.sha1(TFDS_VERSION.encode())
-    for array in (dataset.images, dataset.labels):
-        digest.update(f"{array.dtype.str}{array.shape}".encode())
-        digest.update(np.ascontiguousarray(array).data)
+    """``<readable name>-<format version>-<content fingerprint>``: new data (or a
+    new stored layout) never reuses a stale cache."""
     slug = re.sub(r"[^A-Za-z0-9]+", "-", dataset.name).strip("-")[-60:]
-    return f"{slug}-{digest.hexdigest()[:16]}"
+    return f"{slug}-{TFDS_VERSION}-{fingerprint(dataset.images, dataset.labels)}"
 
 
 def _split_name(dataset: ArrayDataset) -> str:
@@ -152,33 +149,65 @@ def prepare_tfds(dataset: ArrayDataset) -> Path:
     return builder_dir
 
 
-def _gather(images: Any, labels: Any, indices: Any) -> dict[str, Any]:
-    """One batch: a single vectorised ``tf.gather`` per leaf."""
+def _gather(images: Any, labels: Any, indices: Any, batch_size: int) -> dict[str, Any]:
+    """Several batches at once: one vectorised ``tf.gather`` per leaf, shaped
+    ``[batches, batch_size, ...]``."""
     tf = _tensorflow()
-    return {"image": tf.gather(images, indices), "label": tf.gather(labels, indices)}
+    image, label = tf.gather(images, indices), tf.gather(labels, indices)
+    return {
+        "image": tf.reshape(image, [-1, batch_size, *images.shape[1:]]),
+        "label": tf.reshape(label, [-1, batch_size]),
+    }
 
 
 class _Pipeline:
-    """A sampler-order tf.data pipeline, built (and its map function traced) once.
+    """A sampler-order tf.data pipeline and its iterator, both made once.
 
-    The epoch's index table lives in a ``tf.Variable`` that the pipeline reads
-    when it runs, so a new epoch is an ``assign`` and a fresh iterator rather
-    than a new pipeline: building one per epoch cost about as much as reading
-    an MNIST epoch through it.
+    Creating a tf.data iterator costs ~10 ms here, as much as reading an MNIST
+    epoch, so each pipeline keeps ONE iterator over an endless dataset whose
+    map reads row ``cursor`` of an index table held in ``tf.Variable``s; a new
+    epoch assigns the table and resets the cursor. This is only correct
+    because the map is sequential with no prefetch (tf.data's autotuning,
+    injected prefetch and parallel map are off): nothing reads a row before it
+    is asked for. (jaxfeed's DeviceFeed reads ahead on its own thread.) Each
+    row gathers ``per_step`` batches (~4 MiB), amortising the iterator step.
     """
 
     def __init__(self, images: Any, labels: Any, num_batches: int, batch_size: int):
         tf = _tensorflow()
-        self.table = table = tf.Variable(tf.zeros([num_batches, batch_size], tf.int64))
-        self.batches = (
-            tf.data.Dataset.range(num_batches)
-            .map(
-                lambda step: _gather(images, labels, tf.gather(table, step)),
-                num_parallel_calls=tf.data.AUTOTUNE,
-                deterministic=True,
-            )
-            .prefetch(tf.data.AUTOTUNE)
-        )
+        batch_bytes = batch_size * int(np.prod(images.shape[1:])) * images.dtype.size
+        self.per_step = max(1, min(BYTES_PER_STEP // batch_bytes, num_batches))
+        self.steps = -(-num_batches // self.per_step)
+        self.shape = (self.steps * self.per_step, batch_size)
+        table = tf.Variable(tf.zeros([self.steps, self.per_step * batch_size], tf.int64))
+        cursor = tf.Variable(0, dtype=tf.int64)
+        self.table, self.cursor = table, cursor
+
+        def next_row(_: Any) -> dict[str, Any]:
+            row = cursor.assign_add(1) - 1
+            return _gather(images, labels, tf.gather(table, row), batch_size)
+
+        options = tf.data.Options()
+        options.autotune.enabled = False
+        options.experimental_optimization.inject_prefetch = False
+        options.experimental_optimization.map_parallelization = False
+        elements = tf.data.Dataset.range(1).repeat().map(next_row).with_options(options)
+        self.iterator = elements.as_numpy_iterator()
+
+    def batches(self, index_batches: Sequence[np.ndarray]) -> Iterator[Mapping[str, np.ndarray]]:
+        """The batches of ``index_batches`` (at most ``num_batches`` of them), in order."""
+        if not len(index_batches):
+            return
+        table = np.zeros(self.shape, np.int64)
+        table[: len(index_batches)] = index_batches
+        self.table.assign(table.reshape(self.steps, -1))
+        self.cursor.assign(0)
+        remaining = len(index_batches)
+        while remaining > 0:
+            element = next(self.iterator)
+            for i in range(min(self.per_step, remaining)):
+                yield {"image": element["image"][i], "label": element["label"][i]}
+            remaining -= self.per_step
 
 
 class TfSource(SampledSource):
@@ -227,14 +256,7 @@ class TfSource(SampledSource):
         if pipeline is None:
             pipeline = _Pipeline(self._images, self._labels, self.num_batches, self.batch_size)
         try:
-            # The plan starts at batch ``start``: right-align it and skip the head.
-            skip = self.num_batches - len(index_batches)
-            if len(index_batches):
-                table = np.zeros((self.num_batches, self.batch_size), np.int64)
-                table[skip:] = index_batches
-                pipeline.table.assign(table)
-            batches = pipeline.batches.skip(skip) if skip else pipeline.batches
-            yield from batches.as_numpy_iterator()
+            yield from pipeline.batches(index_batches)
         finally:
             with self._lock:
                 self._idle.append(pipeline)
