@@ -2,6 +2,7 @@
 
 import hashlib
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -16,6 +17,7 @@ from sharding import make_mesh
 from trainer import TrainConfig, train
 
 WORKER = Path(__file__).with_name("multihost_worker.py")
+REPO = WORKER.parents[1]
 BACKENDS = "numpy,torch,tf,grain,hf"
 TIMEOUT_SECONDS = 300
 
@@ -46,6 +48,8 @@ def _run_job(processes: int, out_dir: Path) -> list[dict]:
                         ],
                         stdout=out,
                         stderr=subprocess.STDOUT,
+                        # This checkout's code, whichever copy is pip-installed.
+                        env={**os.environ, "PYTHONPATH": str(REPO)},
                     )
                 )
         for child in children:
