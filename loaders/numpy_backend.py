@@ -6,6 +6,8 @@ from collections.abc import Iterator, Mapping, Sequence
 
 import numpy as np
 
+from loaders.datasets import ArrayDataset
+from loaders.sampler import Sampler
 from loaders.source import SampledSource
 
 
@@ -22,7 +24,9 @@ class NumpySource(SampledSource):
             yield {"image": images[indices], "label": labels[indices]}
 
 
-def build(dataset, sampler, **options) -> NumpySource:
-    if options:
-        raise TypeError(f"the numpy backend takes no options, got {sorted(options)}")
+OPTIONS: tuple[str, ...] = ()
+
+
+def build(dataset: ArrayDataset, sampler: Sampler) -> NumpySource:
+    """The backend's `BatchSource` (it takes no options)."""
     return NumpySource(dataset, sampler)

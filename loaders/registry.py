@@ -20,7 +20,8 @@ class Backend:
 
     Attributes:
       name: what users pass to ``make`` / ``--loader``.
-      module: the adapter module; it defines ``build(dataset, sampler, **options)``.
+      module: the adapter module; it defines ``OPTIONS`` (the option names it
+        takes) and ``build(dataset, sampler, **options)``.
       requires: import names the adapter needs.
       dists: their distributions on PyPI (what to ``pip install``).
       description: one line for listings.
@@ -138,6 +139,7 @@ def make(
 
     Raises:
       ValueError: unknown backend, dataset or split; bad batch size.
+      TypeError: an option the backend does not take.
       ImportError: the backend's package is missing.
 
     Example:
@@ -157,4 +159,11 @@ def make(
         process_index=process_index,
         process_count=process_count,
     )
-    return importlib.import_module(spec.module).build(data, sampler, **backend_options)
+    module = importlib.import_module(spec.module)
+    unknown = sorted(set(backend_options) - set(module.OPTIONS))
+    if unknown:
+        raise TypeError(
+            f"the {backend} backend got unknown option(s) {unknown}; "
+            f"it takes {list(module.OPTIONS)}"
+        )
+    return module.build(data, sampler, **backend_options)

@@ -35,6 +35,8 @@ from loaders.datasets import ArrayDataset
 from loaders.sampler import Sampler
 from loaders.source import SampledSource
 
+OPTIONS = ("order",)
+
 TFDS_NAME = "jaxfeed_arrays"
 """The TFDS dataset name inside each cache directory."""
 BYTES_PER_STEP = 4 << 20  # images gathered per tf.data element (see _Pipeline)
@@ -285,12 +287,6 @@ class TfSource(SampledSource):
 
 
 def build(dataset: ArrayDataset, sampler: Sampler, **options: Any) -> TfSource:
-    """A `TfSource`; the one option is ``order`` (``"sampler"`` or ``"native"``).
-
-    Raises:
-      TypeError: an unknown option (the message lists the known ones).
-    """
-    unknown = sorted(set(options) - {"order"})
-    if unknown:
-        raise TypeError(f"the tf backend got unknown options {unknown}; it takes ['order']")
+    """The backend's `BatchSource`; ``loaders.make`` has checked ``options``
+    against `OPTIONS`."""
     return TfSource(dataset, sampler, **options)

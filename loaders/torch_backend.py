@@ -24,6 +24,8 @@ from loaders.datasets import ArrayDataset
 from loaders.sampler import Sampler
 from loaders.source import SampledSource
 
+OPTIONS = ("order", "num_workers", "prefetch_factor", "persistent_workers")
+
 # Workers must not fork a process that runs JAX/XLA threads (deadlock).
 _WORKER_CONTEXT = "spawn"
 
@@ -183,14 +185,6 @@ class TorchSource(SampledSource):
 
 
 def build(dataset: ArrayDataset, sampler: Sampler, **options: Any) -> TorchSource:
-    """A `TorchSource`; options: ``order``, ``num_workers``, ``prefetch_factor``,
-    ``persistent_workers``.
-
-    Raises:
-      TypeError: an unknown option (the message lists the known ones).
-    """
-    known = ("order", "num_workers", "prefetch_factor", "persistent_workers")
-    unknown = sorted(set(options) - set(known))
-    if unknown:
-        raise TypeError(f"the torch backend got unknown options {unknown}; it takes {list(known)}")
+    """The backend's `BatchSource`; ``loaders.make`` has checked ``options``
+    against `OPTIONS`."""
     return TorchSource(dataset, sampler, **options)

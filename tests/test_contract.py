@@ -7,6 +7,7 @@ seed.
 
 import numpy as np
 import pytest
+from backend_helpers import assert_same_batches
 
 import loaders
 
@@ -16,15 +17,6 @@ DATASET = dict(dataset="mnist-sample", split="train")  # 4,000 real digits, offl
 
 def _epoch(source, epoch=0, start=0):
     return list(source.iter_epoch(epoch, start=start))
-
-
-def _assert_same(a, b):
-    assert len(a) == len(b)
-    for x, y in zip(a, b, strict=True):
-        assert x.keys() == y.keys()
-        for key in x:
-            assert x[key].dtype == y[key].dtype, key
-            np.testing.assert_array_equal(x[key], y[key], err_msg=key)
 
 
 @pytest.fixture(scope="module")
@@ -87,7 +79,7 @@ def test_drop_remainder(backend):
 def test_epochs_are_deterministic_and_reshuffled(backend):
     source = loaders.make(backend, **DATASET, batch_size=500, seed=11)
     first = _epoch(source, 0)
-    _assert_same(first, _epoch(source, 0))
+    assert_same_batches(first, _epoch(source, 0))
     second = _epoch(source, 1)
     assert not np.array_equal(first[0]["image"], second[0]["image"])
 
@@ -95,7 +87,7 @@ def test_epochs_are_deterministic_and_reshuffled(backend):
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_start_resumes_mid_epoch(backend):
     source = loaders.make(backend, **DATASET, batch_size=500, seed=2)
-    _assert_same(_epoch(source, 1)[5:], _epoch(source, 1, start=5))
+    assert_same_batches(_epoch(source, 1)[5:], _epoch(source, 1, start=5))
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -121,7 +113,9 @@ def test_byte_identical_to_numpy_for_two_epochs(
         backend, **DATASET, seed=seed, batch_size=batch_size, drop_remainder=drop_remainder
     )
     for epoch in (0, 1):
-        _assert_same(_epoch(source, epoch), reference(seed, batch_size, drop_remainder, epoch))
+        assert_same_batches(
+            _epoch(source, epoch), reference(seed, batch_size, drop_remainder, epoch)
+        )
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -129,7 +123,7 @@ def test_real_10k_digits_identical_across_backends(backend, mnist_dir):
     kwargs = dict(dataset="mnist-10k", split="train", data_dir=mnist_dir, batch_size=777, seed=3)
     expected = _epoch(loaders.make("numpy", **kwargs), 0)
     batches = _epoch(loaders.make(backend, **kwargs), 0)
-    _assert_same(batches, expected)
+    assert_same_batches(batches, expected)
     assert batches[-1]["mask"].sum() == 8000 - 10 * 777
 
 
@@ -147,7 +141,7 @@ def test_bad_options_and_batch_sizes(backend):
 def test_native_order_is_seeded_and_covers_the_epoch(backend):
     source = loaders.make(backend, **DATASET, batch_size=512, seed=5, order="native")
     first, again, second = _epoch(source, 0), _epoch(source, 0), _epoch(source, 1)
-    _assert_same(first, again)
+    assert_same_batches(first, again)
     assert not np.array_equal(first[0]["label"], second[0]["label"])
     labels = np.concatenate([b["label"][b["mask"]] for b in first])
     assert len(labels) == 4000

@@ -2,6 +2,7 @@
 
 import numpy as np
 import pytest
+from backend_helpers import assert_same_batches, indexed_dataset, valid_labels
 
 import loaders
 from loaders import grain_backend
@@ -10,30 +11,9 @@ from loaders.datasets import ArrayDataset
 from loaders.sampler import Sampler
 
 
-def _synthetic(n: int = 300) -> ArrayDataset:
-    """Labels 0..n-1, so every label names its row and coverage is exact."""
-    images = np.random.default_rng(0).integers(0, 256, (n, 28, 28, 1), dtype=np.uint8)
-    return ArrayDataset("synthetic/train", images, np.arange(n, dtype=np.int32))
-
-
 def _native(data: ArrayDataset, **sampler_args) -> grain_backend.GrainSource:
     sampler = Sampler(num_examples=len(data), **sampler_args)
     return grain_backend.build(data, sampler, order="native")
-
-
-def _valid_labels(source, epoch: int) -> np.ndarray:
-    batches = list(source.iter_epoch(epoch))
-    assert len(batches) == source.num_batches
-    return np.concatenate([b["label"][b["mask"]] if "mask" in b else b["label"] for b in batches])
-
-
-def _assert_same(batches_a, batches_b):
-    assert len(batches_a) == len(batches_b)
-    for a, b in zip(batches_a, batches_b, strict=True):
-        assert a.keys() == b.keys()
-        for key in a:
-            assert a[key].dtype == b[key].dtype and a[key].shape == b[key].shape, key
-            np.testing.assert_array_equal(a[key], b[key], err_msg=key)
 
 
 @pytest.mark.slow
@@ -46,8 +26,8 @@ def test_worker_processes_match_in_process_and_numpy_after_jax_runs():
     workers = loaders.make("grain", num_workers=2, **args)
     for epoch in (0, 1):
         expected = list(numpy_source.iter_epoch(epoch))
-        _assert_same(list(workers.iter_epoch(epoch)), expected)
-        _assert_same(list(in_process.iter_epoch(epoch)), expected)
+        assert_same_batches(list(workers.iter_epoch(epoch)), expected)
+        assert_same_batches(list(in_process.iter_epoch(epoch)), expected)
 
 
 def test_sampler_order_reads_whole_batches(monkeypatch):
@@ -70,27 +50,27 @@ def test_sampler_order_reads_whole_batches(monkeypatch):
 
 
 def test_native_order_is_seeded_reshuffled_and_covers_each_sample_once():
-    data = _synthetic()
-    first = _valid_labels(_native(data, batch_size=32, seed=5), 0)
-    assert np.array_equal(first, _valid_labels(_native(data, batch_size=32, seed=5), 0))
+    data = indexed_dataset()
+    first = valid_labels(_native(data, batch_size=32, seed=5), 0)
+    assert np.array_equal(first, valid_labels(_native(data, batch_size=32, seed=5), 0))
     assert np.array_equal(np.sort(first), np.arange(len(data)))
-    second = _valid_labels(_native(data, batch_size=32, seed=5), 1)
+    second = valid_labels(_native(data, batch_size=32, seed=5), 1)
     assert np.array_equal(np.sort(second), np.arange(len(data)))
     assert not np.array_equal(first, second)
-    assert not np.array_equal(first, _valid_labels(_native(data, batch_size=32, seed=6), 0))
+    assert not np.array_equal(first, valid_labels(_native(data, batch_size=32, seed=6), 0))
     assert not np.array_equal(first, np.arange(len(data)))
 
 
 @pytest.mark.parametrize("drop_remainder", [False, True])
 def test_native_order_shards_over_processes(drop_remainder):
-    data = _synthetic(301)  # shards of 101, 100, 100 rows
+    data = indexed_dataset(301)  # shards of 101, 100, 100 rows
     shards = [
         _native(
             data, batch_size=16, process_index=p, process_count=3, drop_remainder=drop_remainder
         )
         for p in range(3)
     ]
-    seen = np.concatenate([_valid_labels(s, 0) for s in shards])  # equal batch counts asserted
+    seen = np.concatenate([valid_labels(s, 0) for s in shards])  # equal batch counts asserted
     assert len(seen) == len(set(seen.tolist()))
     if drop_remainder:
         assert len(seen) == shards[0].num_batches * 16 * 3
@@ -103,7 +83,9 @@ def test_tfds_array_record_source_matches_numpy_and_is_built_once(monkeypatch):
     pytest.importorskip("tensorflow_datasets")
     args = dict(dataset="mnist-sample", split="test", batch_size=128, seed=1)
     source = loaders.make("grain", source="tfds", **args)
-    _assert_same(list(source.iter_epoch(1)), list(loaders.make("numpy", **args).iter_epoch(1)))
+    assert_same_batches(
+        list(source.iter_epoch(1)), list(loaders.make("numpy", **args).iter_epoch(1))
+    )
     root = cache_root() / "tfds-array_record"
     assert [p.name for p in root.iterdir() if p.name.startswith(".build-")] == []
 

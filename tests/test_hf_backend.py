@@ -4,6 +4,7 @@ import shutil
 
 import numpy as np
 import pytest
+from backend_helpers import indexed_dataset, valid_labels
 
 import loaders
 from loaders import hf_backend
@@ -13,21 +14,9 @@ from loaders.sampler import Sampler
 datasets = pytest.importorskip("datasets")
 
 
-def _synthetic(n: int = 300) -> ArrayDataset:
-    """Labels 0..n-1, so every label names its row and coverage is exact."""
-    images = np.random.default_rng(0).integers(0, 256, (n, 28, 28, 1), dtype=np.uint8)
-    return ArrayDataset("synthetic/train", images, np.arange(n, dtype=np.int32))
-
-
 def _native(data: ArrayDataset, **sampler_args) -> hf_backend.HFSource:
     sampler = Sampler(num_examples=len(data), **sampler_args)
     return hf_backend.build(data, sampler, order="native")
-
-
-def _valid_labels(source, epoch: int) -> np.ndarray:
-    batches = list(source.iter_epoch(epoch))
-    assert len(batches) == source.num_batches
-    return np.concatenate([b["label"][b["mask"]] if "mask" in b else b["label"] for b in batches])
 
 
 def _count_saves(monkeypatch) -> list:
@@ -69,7 +58,7 @@ def test_cache_is_an_arrow_dataset_built_once(tmp_path, monkeypatch):
 
 def test_losing_a_build_race_keeps_the_winners_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("JAXFEED_CACHE_DIR", str(tmp_path))
-    data = _synthetic(40)
+    data = indexed_dataset(40)
     save = datasets.Dataset.save_to_disk
 
     def save_then_get_beaten(self, path, *args, **kwargs):
@@ -99,28 +88,28 @@ def test_batches_match_numpy_for_two_epochs(read):
 
 
 def test_native_order_is_seeded_reshuffled_and_covers_each_sample_once():
-    data = _synthetic()
-    first = _valid_labels(_native(data, batch_size=32, seed=5), 0)
-    assert np.array_equal(first, _valid_labels(_native(data, batch_size=32, seed=5), 0))
+    data = indexed_dataset()
+    first = valid_labels(_native(data, batch_size=32, seed=5), 0)
+    assert np.array_equal(first, valid_labels(_native(data, batch_size=32, seed=5), 0))
     assert np.array_equal(np.sort(first), np.arange(len(data)))
-    second = _valid_labels(_native(data, batch_size=32, seed=5), 1)
+    second = valid_labels(_native(data, batch_size=32, seed=5), 1)
     assert np.array_equal(np.sort(second), np.arange(len(data)))
     assert not np.array_equal(first, second)
-    assert not np.array_equal(first, _valid_labels(_native(data, batch_size=32, seed=6), 0))
+    assert not np.array_equal(first, valid_labels(_native(data, batch_size=32, seed=6), 0))
     # datasets' indices mappings stay in memory: nothing is written next to the cache.
     assert [p.name for p in _native(data, batch_size=32).path.iterdir() if "cache-" in p.name] == []
 
 
 @pytest.mark.parametrize("drop_remainder", [False, True])
 def test_native_order_shards_over_processes(drop_remainder):
-    data = _synthetic(301)  # contiguous shards of 101, 100, 100 rows
+    data = indexed_dataset(301)  # contiguous shards of 101, 100, 100 rows
     shards = [
         _native(
             data, batch_size=16, process_index=p, process_count=3, drop_remainder=drop_remainder
         )
         for p in range(3)
     ]
-    seen = np.concatenate([_valid_labels(s, 0) for s in shards])  # equal batch counts asserted
+    seen = np.concatenate([valid_labels(s, 0) for s in shards])  # equal batch counts asserted
     assert len(seen) == len(set(seen.tolist()))
     if drop_remainder:
         assert len(seen) == shards[0].num_batches * 16 * 3

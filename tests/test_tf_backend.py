@@ -10,25 +10,13 @@ pytest.importorskip("tensorflow_datasets")
 
 import tensorflow as tf
 import tensorflow_datasets as tfds
+from backend_helpers import indexed_dataset, valid_labels
 
 import loaders
 from loaders import tf_backend
-from loaders.datasets import ArrayDataset
 from loaders.sampler import Sampler
 
 BATCH = 512  # 8 batches of mnist-sample/train, the last one padded
-
-
-def _indexed(n: int) -> ArrayDataset:
-    """A dataset whose label is the example's index, so order is visible."""
-    images = (np.arange(n) % 256).astype(np.uint8)[:, None, None, None]
-    images = np.ascontiguousarray(np.broadcast_to(images, (n, 28, 28, 1)))
-    return ArrayDataset("indexed/train", images, np.arange(n, dtype=np.int32))
-
-
-def _valid_labels(source, epoch):
-    batches = source.iter_epoch(epoch)
-    return np.concatenate([b["label"][b["mask"]] if "mask" in b else b["label"] for b in batches])
 
 
 @pytest.fixture
@@ -64,8 +52,8 @@ def test_cache_is_a_real_tfds_dataset_built_once(empty_cache, monkeypatch):
 
 
 def test_other_data_gets_its_own_cache(empty_cache):
-    a = tf_backend.prepare_tfds(_indexed(100))
-    b = tf_backend.prepare_tfds(_indexed(101))
+    a = tf_backend.prepare_tfds(indexed_dataset(100))
+    b = tf_backend.prepare_tfds(indexed_dataset(101))
     assert a != b and a.parents[1].name.startswith("indexed-train-")
 
 
@@ -76,13 +64,13 @@ def test_failed_build_leaves_nothing_behind(empty_cache, monkeypatch):
 
     monkeypatch.setattr(tfds.dataset_builders, "store_as_tfds_dataset", crash)
     with pytest.raises(OSError, match="disk full"):
-        tf_backend.prepare_tfds(_indexed(100))
+        tf_backend.prepare_tfds(indexed_dataset(100))
     assert list((empty_cache / "tfds").iterdir()) == []
 
 
 def test_losing_the_build_race_keeps_the_winners_copy(empty_cache, monkeypatch):
     store = tfds.dataset_builders.store_as_tfds_dataset
-    data = _indexed(100)
+    data = indexed_dataset(100)
     final = empty_cache / "tfds" / tf_backend.cache_key(data)
 
     def race(*args, data_dir, split_datasets, **kwargs):
@@ -97,7 +85,7 @@ def test_losing_the_build_race_keeps_the_winners_copy(empty_cache, monkeypatch):
     assert builder_dir == final / tf_backend.TFDS_NAME / tf_backend.TFDS_VERSION
     assert [p.name for p in (empty_cache / "tfds").iterdir()] == [final.name]
     source = tf_backend.TfSource(data, Sampler(100, 10, seed=0))
-    np.testing.assert_array_equal(np.sort(_valid_labels(source, 0)), np.arange(100))
+    np.testing.assert_array_equal(np.sort(valid_labels(source, 0)), np.arange(100))
 
 
 @pytest.mark.parametrize("drop_remainder", [False, True])
@@ -148,24 +136,24 @@ def test_pipeline_is_built_once_and_epochs_can_interleave(monkeypatch):
 
 
 def test_native_order_is_seeded_per_epoch_and_covers_every_sample():
-    data = _indexed(1000)
+    data = indexed_dataset(1000)
 
     def native(seed):
         return tf_backend.TfSource(data, Sampler(1000, 64, seed=seed), order="native")
 
-    first = _valid_labels(native(7), 0)
-    np.testing.assert_array_equal(first, _valid_labels(native(7), 0))
+    first = valid_labels(native(7), 0)
+    np.testing.assert_array_equal(first, valid_labels(native(7), 0))
     np.testing.assert_array_equal(np.sort(first), np.arange(1000))
-    second = _valid_labels(native(7), 1)
+    second = valid_labels(native(7), 1)
     np.testing.assert_array_equal(np.sort(second), np.arange(1000))
     assert not np.array_equal(first, second)
-    assert not np.array_equal(first, _valid_labels(native(8), 0))
+    assert not np.array_equal(first, valid_labels(native(8), 0))
     assert not np.array_equal(first, np.arange(1000))
 
 
 @pytest.mark.parametrize("drop_remainder", [False, True])
 def test_native_order_shards_with_equal_batch_counts(drop_remainder):
-    data, count = _indexed(1000), 3  # 1000 is not a multiple of 3 or of 3 * 64
+    data, count = indexed_dataset(1000), 3  # 1000 is not a multiple of 3 or of 3 * 64
     shards = []
     for index in range(count):
         sampler = Sampler(
@@ -178,7 +166,7 @@ def test_native_order_shards_with_equal_batch_counts(drop_remainder):
         )
         source = tf_backend.TfSource(data, sampler, order="native")
         assert len(list(source.iter_epoch(0))) == source.num_batches
-        shards.append(_valid_labels(source, 0))
+        shards.append(valid_labels(source, 0))
     seen = np.concatenate(shards)
     if drop_remainder:
         assert len(seen) == len(np.unique(seen)) == 64 * 3 * 5
@@ -194,7 +182,9 @@ def test_tensorflow_sees_no_gpu():
 
 
 def test_options_are_checked():
-    with pytest.raises(TypeError, match=r"unknown options \['num_workers'\]; it takes \['order'\]"):
+    with pytest.raises(
+        TypeError, match=r"unknown option\(s\) \['num_workers'\]; it takes \['order'\]"
+    ):
         loaders.make("tf", dataset="mnist-sample", num_workers=2)
     with pytest.raises(ValueError, match="order must be one of"):
         loaders.make("tf", dataset="mnist-sample", order="random")

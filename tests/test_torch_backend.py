@@ -7,9 +7,10 @@ import pytest
 
 pytest.importorskip("torch")
 
+from backend_helpers import indexed_dataset
+
 import loaders
 from loaders import torch_backend
-from loaders.datasets import ArrayDataset
 from loaders.sampler import Sampler
 
 BATCH = 512  # 8 batches of mnist-sample/train, the last one padded
@@ -29,14 +30,6 @@ def _assert_identical(got, want):
                 assert type(g[key]) is np.ndarray, (key, type(g[key]))
                 assert g[key].dtype == w[key].dtype and g[key].shape == w[key].shape
                 np.testing.assert_array_equal(g[key], w[key])
-
-
-def _indexed(n: int) -> ArrayDataset:
-    """A dataset whose label is the example's index, so order is visible."""
-    images = np.broadcast_to(
-        (np.arange(n) % 256).astype(np.uint8)[:, None, None, None], (n, 28, 28, 1)
-    )
-    return ArrayDataset("indexed/train", np.ascontiguousarray(images), np.arange(n, dtype=np.int32))
 
 
 def _native_labels(source, epoch):
@@ -92,7 +85,7 @@ def test_getitems_gathers_each_batch_once(monkeypatch):
 
 
 def test_native_order_is_seeded_per_epoch_and_covers_every_sample():
-    data = _indexed(1000)
+    data = indexed_dataset(1000)
 
     def native(seed):
         return torch_backend.TorchSource(data, Sampler(1000, 64, seed=seed), order="native")
@@ -109,7 +102,7 @@ def test_native_order_is_seeded_per_epoch_and_covers_every_sample():
 
 @pytest.mark.parametrize("drop_remainder", [False, True])
 def test_native_order_shards_like_distributed_sampler(drop_remainder):
-    data, count = _indexed(1000), 3  # 1000 is not a multiple of 3 or of 3 * 64
+    data, count = indexed_dataset(1000), 3  # 1000 is not a multiple of 3 or of 3 * 64
     shards = []
     for index in range(count):
         sampler = Sampler(
@@ -134,7 +127,7 @@ def test_native_order_shards_like_distributed_sampler(drop_remainder):
 
 def test_options_are_checked():
     make = loaders.make
-    with pytest.raises(TypeError, match=r"unknown options \['pin_memory'\]"):
+    with pytest.raises(TypeError, match=r"unknown option\(s\) \['pin_memory'\]"):
         make("torch", dataset="mnist-sample", pin_memory=True)
     with pytest.raises(ValueError, match="prefetch_factor needs worker processes"):
         make("torch", dataset="mnist-sample", prefetch_factor=2)

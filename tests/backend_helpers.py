@@ -1,0 +1,30 @@
+"""Helpers shared by the backend test files (not tests themselves)."""
+
+import numpy as np
+
+from loaders import ArrayDataset
+
+
+def indexed_dataset(n: int = 300) -> ArrayDataset:
+    """Label ``i`` and pixels ``i % 256`` in row ``i``: order and coverage are visible."""
+    images = np.broadcast_to(
+        (np.arange(n) % 256).astype(np.uint8)[:, None, None, None], (n, 28, 28, 1)
+    )
+    return ArrayDataset("indexed/train", np.ascontiguousarray(images), np.arange(n, dtype=np.int32))
+
+
+def valid_labels(source, epoch: int = 0) -> np.ndarray:
+    """The labels of one epoch's real (unpadded) rows, in order."""
+    batches = list(source.iter_epoch(epoch))
+    assert len(batches) == source.num_batches
+    return np.concatenate([b["label"][b["mask"]] if "mask" in b else b["label"] for b in batches])
+
+
+def assert_same_batches(got: list[dict], want: list[dict]) -> None:
+    """Same number of batches, same keys, dtypes, shapes and bytes."""
+    assert len(got) == len(want)
+    for a, b in zip(got, want, strict=True):
+        assert a.keys() == b.keys()
+        for key in a:
+            assert a[key].dtype == b[key].dtype and a[key].shape == b[key].shape, key
+            np.testing.assert_array_equal(a[key], b[key], err_msg=key)
