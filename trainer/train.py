@@ -9,7 +9,7 @@ from collections.abc import Callable, Mapping
 import jax
 import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec
-from tqdm.auto import tqdm
+from tqdm import tqdm  # not tqdm.auto: it warns in Jupyter without ipywidgets
 
 from loaders.protocol import BatchSource
 from sharding import DeviceFeed, batch_sharding

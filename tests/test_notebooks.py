@@ -1,0 +1,181 @@
+"""The tutorial notebooks run top to bottom in a fresh kernel and show what they claim.
+
+Each notebook is executed with nbclient (any cell error fails its test), then
+its printed output is checked. The kernel inherits this process's environment,
+so each test gets its own empty jaxfeed cache through JAXFEED_CACHE_DIR.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections.abc import Callable
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+
+import loaders
+
+NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
+SHARED_MNIST = NOTEBOOKS.parents[1] / "shared" / "data" / "mnist"  # what 05_compare looks for
+TIMEOUT_SECONDS = 600  # per cell
+
+
+def _execute(name: str) -> nbformat.NotebookNode:
+    nb = nbformat.read(NOTEBOOKS / f"{name}.ipynb", as_version=4)
+    client = NotebookClient(
+        nb,
+        timeout=TIMEOUT_SECONDS,
+        kernel_name="python3",
+        resources={"metadata": {"path": str(NOTEBOOKS)}},  # the kernel's working directory
+    )
+    client.execute()  # raises CellExecutionError, naming the cell, on any error
+    return nb
+
+
+def _stdout(nb: nbformat.NotebookNode) -> str:
+    return "".join(
+        output.get("text", "")
+        for cell in nb.cells
+        if cell.cell_type == "code"
+        for output in cell.outputs
+        if output.output_type == "stream" and output.name == "stdout"
+    )
+
+
+def _images(nb: nbformat.NotebookNode) -> int:
+    return sum(
+        "image/png" in output.get("data", {})
+        for cell in nb.cells
+        if cell.cell_type == "code"
+        for output in cell.outputs
+    )
+
+
+def _floats(pattern: str, text: str) -> list[float]:
+    return [float(value) for value in re.findall(pattern, text)]
+
+
+def _usable_backends() -> list[str]:
+    return [n for n, status in loaders.available().items() if not status.startswith("unavailable")]
+
+
+def _check_quickstart(out: str, nb: nbformat.NotebookNode) -> None:
+    curves = {
+        name: [float(x) for x in losses.split(",")]
+        for name, losses in re.findall(r"^(\w+)\s+loss \[([^\]]+)\]", out, re.MULTILINE)
+    }
+    assert sorted(curves) == sorted(_usable_backends()), out
+    reference = curves["numpy"]
+    assert len(reference) == 3 and reference[-1] < reference[0]
+    # The point of the notebook: every backend gives the very same loss curve.
+    assert all(curve == reference for curve in curves.values()), curves
+    assert "identical loss curves across backends: True" in out
+    assert out.count("first batch identical to torch's: True") == len(curves)
+    assert "per-device shards: [(16, 28, 28, 1)" in out
+    assert _images(nb) == 1
+
+
+def _check_from_pytorch(out: str, nb: nbformat.NotebookNode) -> None:
+    assert "WrappedSource(torch.utils.data.DataLoader, batch_size=128, num_batches=32" in out
+    (accuracy,) = _floats(r"wrapped DataLoader: epoch 3 .* test accuracy (\d\.\d+)", out)
+    assert accuracy > 0.85
+    first, second = _floats(r"hand-written loop: epoch \d  mean batch loss (\d+\.\d+)", out)
+    assert second < first
+    # wrap() called DistributedSampler.set_epoch, so epoch 1 has a new order.
+    orders = re.findall(r"epoch (\d): sampler.epoch=(\d)  first labels (\[.*\])", out)
+    assert [(e, s) for e, s, _ in orders] == [("0", "0"), ("1", "1")]
+    assert orders[0][2] != orders[1][2]
+    assert "num_workers=2: identical to num_workers=0: True" in out
+
+
+def _check_from_tensorflow(out: str, nb: nbformat.NotebookNode) -> None:
+    assert "WrappedSource(tf.data.Dataset, batch_size=128, num_batches=32" in out
+    (accuracy,) = _floats(r"wrapped tf.data: epoch 3 .* test accuracy (\d\.\d+)", out)
+    assert accuracy > 0.85
+    first_labels = re.findall(r"epoch \d: first labels (\[.*\])", out)
+    assert len(first_labels) == 2 and first_labels[0] != first_labels[1]  # reshuffled
+    # tf.distribute's per-replica batches have the shapes of the jax.Array's shards.
+    tf_shapes = ast.literal_eval(re.search(r"^TensorFlow: (\[.*\])$", out, re.MULTILINE)[1])
+    jax_shapes = ast.literal_eval(re.search(r"^JAX: +(\[.*\])$", out, re.MULTILINE)[1])
+    assert tf_shapes == jax_shapes == [(16, 28, 28, 1)] * 8
+    assert "identical to the numpy backend: True" in out
+
+
+def _check_sharding(out: str, nb: nbformat.NotebookNode) -> None:
+    assert "global label array: shape (64,), 8 shards" in out
+    assert re.search(r"cpu:7  rows 56:64", out)
+    assert "replica 1" in out
+    assert "Pick a batch_size that is a multiple of 8 (e.g. 96 or 104)" in out
+    assert "16 batches; the last has 40 real rows of 64" in out
+    assert out.count("real rows: 0 of 8") == 3 and out.count("real rows: 8 of 8") == 5
+    assert _images(nb) == 1
+    # Two processes on loopback: both finished and computed the same numbers,
+    # which equal a single process's with the same global batch.
+    assert out.count("(exit code 0)") == 2
+    assert out.count("devices=4 (cpu) processes=2") == 2
+    metrics = r"epoch 1/1  loss (\d+\.\d+)  train_acc \d\.\d+  test_acc (\d\.\d+)"
+    multi = re.findall(r"^\[process (\d)\] " + metrics, out, re.MULTILINE)
+    assert sorted(p for p, _, _ in multi) == ["0", "1"], out
+    single = re.findall(r"^" + metrics, out, re.MULTILINE)
+    assert len(single) == 1
+    assert {(loss, acc) for _, loss, acc in multi} == set(single)
+
+
+def _check_compare(out: str, nb: nbformat.NotebookNode) -> None:
+    if (SHARED_MNIST / "t10k-images-idx3-ubyte.gz").is_file():
+        assert "jaxfeed compare: mnist-10k (8000 train / 2000 test examples)" in out, out
+    else:
+        assert "comparing on mnist-sample" in out
+        assert "jaxfeed compare: mnist-sample (4000 train / 1000 test examples)" in out
+    for title in (
+        "Throughput.",
+        "Adapter vs its framework's tutorial loop",
+        "Training,",
+        "Time to first batch",
+        "Targets (DESIGN.md)",
+    ):
+        assert title in out
+    for name in _usable_backends():
+        assert re.search(rf"^{name} +backend +[\d,]+ ", out, re.MULTILINE), name
+        assert re.search(rf"^  (met   |MISSED) {name} ", out, re.MULTILINE), name
+    # Every training row fed the same batches, so one test accuracy for all.
+    (accuracies,) = re.findall(r"^test accuracy, every training row: (\[.*\])$", out, re.MULTILINE)
+    assert len(ast.literal_eval(accuracies)) == 1
+    assert _images(nb) == 1
+
+
+CHECKS: dict[str, Callable[[str, nbformat.NotebookNode], None]] = {
+    "01_quickstart": _check_quickstart,
+    "02_from_pytorch": _check_from_pytorch,
+    "03_from_tensorflow": _check_from_tensorflow,
+    "04_sharding": _check_sharding,
+    "05_compare": _check_compare,
+}
+
+
+def test_every_notebook_is_checked():
+    assert sorted(p.stem for p in NOTEBOOKS.glob("*.ipynb")) == sorted(CHECKS)
+
+
+@pytest.mark.parametrize("name", sorted(CHECKS))
+def test_committed_notebook_has_no_outputs(name):
+    nb = nbformat.read(NOTEBOOKS / f"{name}.ipynb", as_version=4)
+    nbformat.validate(nb)
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            assert cell.outputs == [] and cell.execution_count is None, cell.source[:80]
+    first = nb.cells[[c.cell_type for c in nb.cells].index("code")].source
+    # 8 simulated devices only work if set before jax is imported.
+    assert 'os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"' in first
+    assert "import jax" not in first
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(CHECKS))
+def test_notebook_runs_and_shows_its_results(name, tmp_path, monkeypatch):
+    monkeypatch.setenv("JAXFEED_CACHE_DIR", str(tmp_path / "jaxfeed-cache"))
+    nb = _execute(name)
+    CHECKS[name](_stdout(nb), nb)
