@@ -13,7 +13,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
+import json
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -21,6 +23,17 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(REPO))  # runnable from a plain checkout, without `pip install -e .`
+
+
+def git_state() -> dict[str, object]:
+    """The commit measured, and which tracked files differed from it (uncommitted work)."""
+
+    def git(*args: str) -> str:
+        result = subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True)
+        return result.stdout.rstrip() if result.returncode == 0 else ""
+
+    changed = git("status", "--porcelain", "--untracked-files=no").splitlines()
+    return {"commit": git("rev-parse", "HEAD") or None, "modified": [c[3:] for c in changed]}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -34,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--loaders", default=None, help="comma-separated backends (default: all)")
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--train-epochs", type=int, default=3)
+    parser.add_argument("--train-epochs", type=int, default=4)
     parser.add_argument("--devices", type=int, default=None, help="use N local devices")
     parser.add_argument("--out-dir", type=Path, default=HERE / "results")
     parser.add_argument("--tag", default="", help="suffix for the result file names")
@@ -65,6 +78,7 @@ def main(argv: list[str] | None = None) -> int:
         command += ["--loaders", args.loaders]
     if args.devices:
         command += ["--devices", str(args.devices)]
+    state = git_state()  # before the run: what was imported
     started = time.perf_counter()
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
@@ -72,6 +86,9 @@ def main(argv: list[str] | None = None) -> int:
     table = printed.getvalue()
     print(table, end="")
     Path(f"{stem}.txt").write_text(table)
+    result = json.loads(Path(f"{stem}.json").read_text())
+    result["git"] = state
+    Path(f"{stem}.json").write_text(json.dumps(result, indent=2) + "\n")
     print(
         f"\nbenchmarks/compare.py took {time.perf_counter() - started:.0f} s; wrote "
         f"{stem}.json, .png, .txt"

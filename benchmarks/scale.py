@@ -21,6 +21,7 @@ import gc
 import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -36,7 +37,23 @@ import loaders  # noqa: E402
 from loaders.cache import CACHE_ENV  # noqa: E402
 from loaders.idx import write_idx  # noqa: E402
 
+
+def git_state() -> dict[str, object]:
+    """The commit measured, and which tracked files differed from it (uncommitted work)."""
+
+    def git(*args: str) -> str:
+        result = subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True)
+        return result.stdout.rstrip() if result.returncode == 0 else ""
+
+    changed = git("status", "--porcelain", "--untracked-files=no").splitlines()
+    return {"commit": git("rev-parse", "HEAD") or None, "modified": [c[3:] for c in changed]}
+
+
 REAL = 10_000
+
+
+def _count(n: int) -> str:
+    return f"{n // 1_000_000}M" if n % 1_000_000 == 0 else f"{n // 1000}k"
 
 
 def _ints(text: str) -> list[int]:
@@ -169,6 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     backends = args.loaders.split(",") if args.loaders else usable
     test = loaders.load_dataset("mnist-10k", "test", data_dir=args.data_dir)
     real = loaders.load_dataset("mnist", "test", data_dir=args.data_dir)  # all 10,000 real digits
+    state, load = git_state(), list(os.getloadavg())
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="jaxfeed-scale-") as tmp:
         os.environ[CACHE_ENV] = str(Path(tmp) / "cache")  # cold builds, removed afterwards
@@ -183,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
         by_size = []
         for size in args.sizes:
             copies = size // REAL
-            name = "real-10k" if copies == 1 else f"synthetic-{size // 1000}k"
+            name = "real-10k" if copies == 1 else f"synthetic-{_count(size)}"
             directory = (
                 real_dir
                 if copies == 1
@@ -215,7 +233,9 @@ def main(argv: list[str] | None = None) -> int:
     record = {
         "command": ["python", "benchmarks/scale.py", *(sys.argv[1:] if argv is None else argv)],
         "versions": {**loaders.available(), "numpy": np.__version__},
+        "git": state,
         "cpu_count": os.cpu_count(),
+        "load_average": {"start": load, "end": list(os.getloadavg())},
         "platform": sys.platform,
         "by_batch_size": by_batch,
         "by_dataset_size": by_size,
@@ -231,15 +251,17 @@ def main(argv: list[str] | None = None) -> int:
                 backends,
             ),
             _table(
-                f"Loader-only samples/s vs dataset size (batch {args.batch_size}; 100k and 1M are "
-                "SYNTHETIC: the real digits tiled)",
+                f"Loader-only samples/s vs dataset size (batch {args.batch_size}; every size above "
+                f"10k is SYNTHETIC: the real digits tiled; median of {args.repeats} repeats, "
+                f"{args.large_repeats} at 1M and above)",
                 "dataset",
                 by_size,
                 backends,
             ),
-            "Cold make() seconds (empty cache: TFDS / Arrow conversion included)",
+            "Cold make() seconds (empty cache: TFDS / Arrow conversion included; the first "
+            "backend's also reads the IDX files)",
             *(
-                f"  {r['label']:14s} "
+                f"  {r['label']:15s} "
                 + "  ".join(f"{b} {r['backends'][b]['make_s']:.2f}" for b in backends)
                 for r in by_size
             ),

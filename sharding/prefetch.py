@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import queue
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -178,4 +179,5 @@ class DeviceFeed:
         self.close()
 
     def __del__(self) -> None:
-        self.close()
+        if not sys.is_finalizing():  # at exit, module globals may already be gone
+            self.close()

@@ -154,6 +154,8 @@ def test_run_description(compare):
     machine = result["machine"]
     assert machine["cpu_count"] >= 1 and _positive(machine["memory_total_bytes"])
     assert len(machine["mesh_devices"]) == 2 and len(machine["jax_devices"]) >= 2
+    for when in ("start", "end"):
+        assert len(machine["load_average"][when]) == 3
     assert _positive(result["total_seconds"])
 
 

@@ -26,7 +26,7 @@ from typing import Any
 
 import jax
 import numpy as np
-from tqdm.auto import tqdm
+from tqdm import tqdm  # not tqdm.auto: it warns in Jupyter without ipywidgets
 
 import loaders
 from loaders.cache import CACHE_ENV
@@ -39,7 +39,8 @@ WARMUP_BATCHES = 16  # a warm-up pass reads at most this many batches per loader
 METRICS = ("loader", "feed", "train", "first_batch")
 MEMORY_NOTE = (
     "peak_rss_mb: the process's peak resident memory (VmHWM) while this row's work ran "
-    "(building its loaders, warm-up, every measurement), reset before each piece of work "
+    "(building its loaders, or its tutorial loops, shared by grain's two; warm-up; every "
+    "measurement), reset before each piece of work "
     "through /proc/self/clear_refs; it includes everything already resident (Python, every "
     "imported framework, other rows' loaders). peak_increase_mb: that peak minus the "
     "resident memory when the piece of work began, i.e. what this row's work added at "
@@ -158,7 +159,8 @@ class _Memory:
             self.supported = False
 
     @contextlib.contextmanager
-    def track(self, row: _Row) -> Iterator[None]:
+    def track(self, figures: dict[str, float]) -> Iterator[None]:
+        """Records the peak of the work inside into ``figures`` (keeping earlier maxima)."""
         if not self.supported:
             yield
             return
@@ -166,9 +168,9 @@ class _Memory:
         start = _status_kb("VmRSS")
         yield
         peak = _status_kb("VmHWM")
-        row.memory["peak_rss_mb"] = max(row.memory.get("peak_rss_mb", 0), peak / 1024)
-        increase = max(row.memory.get("peak_increase_mb", 0), (peak - start) / 1024)
-        row.memory["peak_increase_mb"] = increase
+        figures["peak_rss_mb"] = max(figures.get("peak_rss_mb", 0), peak / 1024)
+        increase = max(figures.get("peak_increase_mb", 0), (peak - start) / 1024)
+        figures["peak_increase_mb"] = increase
 
 
 def _build_rows(config: CompareConfig, mesh: jax.sharding.Mesh, memory: _Memory) -> list[_Row]:
@@ -181,7 +183,7 @@ def _build_rows(config: CompareConfig, mesh: jax.sharding.Mesh, memory: _Memory)
     rows: list[_Row] = []
     for name in config.backends:
         row = _Row(name, "backend", name, loaders.BACKENDS[name].description, None, None)
-        with memory.track(row):
+        with memory.track(row.memory):
             train_src = loaders.make(name, split="train", **common)
             test_src = loaders.make(name, split="test", shuffle=False, **common)
         row.host = train_src.iter_epoch
@@ -194,19 +196,24 @@ def _build_rows(config: CompareConfig, mesh: jax.sharding.Mesh, memory: _Memory)
         rows.append(row)
     if not config.baselines:
         return rows
-    epochs = config.train_epochs
-    ceiling = baselines.materialize(
-        loaders.make("numpy", split="train", **common), epochs, config.max_batches
-    )
-    test = baselines.materialize(
-        loaders.make("numpy", split="test", shuffle=False, **common), 1, config.max_batches
-    )
+    ceiling_memory: dict[str, float] = {}
+    with memory.track(ceiling_memory):
+        ceiling = baselines.materialize(
+            loaders.make("numpy", split="train", **common), config.train_epochs, config.max_batches
+        )
+        test = baselines.materialize(
+            loaders.make("numpy", split="test", shuffle=False, **common), 1, config.max_batches
+        )
+    loops = [(baselines.in_memory(ceiling), ceiling_memory)]
     data = loaders.load_dataset(config.dataset, "train", data_dir=config.data_dir)
-    loops = [baselines.in_memory(ceiling)]
-    loops += baselines.tutorials(
-        list(config.backends), data.images, data.labels, config.batch_size, config.seed
-    )
-    for loop in loops:
+    for framework in config.backends:
+        built: dict[str, float] = {}  # shared by a framework's loops (grain has two)
+        with memory.track(built):
+            made = baselines.tutorials(
+                [framework], data.images, data.labels, config.batch_size, config.seed
+            )
+        loops += [(loop, dict(built)) for loop in made]
+    for loop, built in loops:
         row = _Row(
             loop.name,
             "baseline",
@@ -214,6 +221,7 @@ def _build_rows(config: CompareConfig, mesh: jax.sharding.Mesh, memory: _Memory)
             loop.description,
             loop.batches,
             loop.device_batches,
+            memory=built,
         )
         if loop.name == "in-memory":
             row.training = (ceiling, test)
@@ -264,6 +272,7 @@ def run(config: CompareConfig, mesh: jax.sharding.Mesh, command: list[str]) -> d
     batch with an empty (cold) and a filled (warm) cache directory.
     """
     started = time.perf_counter()
+    load = _load_average()
     memory = _Memory()
     n = len(loaders.load_dataset(config.dataset, "train", data_dir=config.data_dir))
     rows = _build_rows(config, mesh, memory)
@@ -286,12 +295,22 @@ def run(config: CompareConfig, mesh: jax.sharding.Mesh, command: list[str]) -> d
             if warm_up:
                 cap = min(config.max_batches or WARMUP_BATCHES, WARMUP_BATCHES)
                 limited = dataclasses.replace(config, max_batches=cap)
-            with memory.track(row):
+            with memory.track(row.memory):
                 figures = _measure(row, metric, limited, round_, n, mesh)
             if not warm_up:
                 row.runs[round_ - config.warmup].update(figures)
             bar.update()
-    return _report(config, mesh, command, rows, time.perf_counter() - started, memory)
+    result = _report(config, mesh, command, rows, time.perf_counter() - started, memory)
+    result["machine"]["load_average"] = {"start": load, "end": _load_average()}
+    return result
+
+
+def _load_average() -> list[float] | None:
+    """1, 5 and 15 minute load averages: other work on the machine skews every figure."""
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return None
 
 
 def _median_figures(runs: list[dict[str, Any]]) -> dict[str, float]:

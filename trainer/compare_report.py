@@ -92,6 +92,11 @@ def _fig(key: str, spec: str, scale: float = 1.0, part: str = "median") -> Calla
     return get
 
 
+def _load(machine: dict[str, Any], when: str) -> str:
+    load = machine.get("load_average", {}).get(when)
+    return "/".join(f"{x:.1f}" for x in load) if load else "unknown"
+
+
 def format_report(result: dict[str, Any]) -> str:
     """The result as plain-text tables for a terminal."""
     cfg, data, ratios, machine = (result[k] for k in ("config", "dataset", "ratios", "machine"))
@@ -108,7 +113,8 @@ def format_report(result: dict[str, Any]) -> str:
         f"{data['test_examples']} test examples), batch {cfg['batch_size']}, seed "
         f"{cfg['seed']}; medians of {cfg['repeats']} interleaved repeats{limit}",
         f"machine: {machine['processor']}, {machine['cpu_count']} CPUs; mesh of "
-        f"{len(machine['mesh_devices'])} {machine['jax_backend']} device(s)",
+        f"{len(machine['mesh_devices'])} {machine['jax_backend']} device(s); load average "
+        f"(1/5/15 min) {_load(machine, 'start')} at the start, {_load(machine, 'end')} at the end",
         "",
         _table(
             "Throughput. loader: the loader alone; feed: + DeviceFeed (backends) or "
