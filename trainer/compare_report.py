@@ -203,7 +203,9 @@ def write_plot(result: dict[str, Any], path: str | os.PathLike) -> Path:
     speed.legend(loc="lower right")
     trained = [n for n in names if "data_wait_fraction" in rows[n]["median"]]
     waits = [100 * rows[n]["median"]["data_wait_fraction"] for n in trained]
-    wait.barh(np.arange(len(trained)), waits, color="tab:red")
+    bars = wait.barh(np.arange(len(trained)), waits, color="tab:red")
+    # Near-zero bars are invisible: print every value beside its bar.
+    wait.bar_label(bars, labels=[f"{w:.2f}%" for w in waits], padding=3)
     wait.axvline(5, color="black", linestyle="--", linewidth=1, label="5% target")
     wait.set(yticks=np.arange(len(trained)), yticklabels=trained, xlabel="training data wait (%)")
     wait.invert_yaxis()
