@@ -18,7 +18,8 @@ def _native(data: ArrayDataset, **sampler_args) -> grain_backend.GrainSource:
 
 @pytest.mark.slow
 def test_worker_processes_match_in_process_and_numpy_after_jax_runs():
-    jax = pytest.importorskip("jax")
+    import jax
+
     jax.numpy.ones(3).block_until_ready()  # spawned workers must not hang on jax's threads
     args = dict(dataset="mnist-sample", batch_size=384, seed=7)  # 4000 % 384 != 0: a padded batch
     numpy_source = loaders.make("numpy", **args)
@@ -80,7 +81,6 @@ def test_native_order_shards_over_processes(drop_remainder):
 
 @pytest.mark.slow
 def test_tfds_array_record_source_matches_numpy_and_is_built_once(monkeypatch):
-    pytest.importorskip("tensorflow_datasets")
     args = dict(dataset="mnist-sample", split="test", batch_size=128, seed=1)
     source = loaders.make("grain", source="tfds", **args)
     assert_same_batches(

@@ -2,6 +2,7 @@
 
 import shutil
 
+import datasets
 import numpy as np
 import pytest
 from backend_helpers import indexed_dataset, valid_labels
@@ -10,8 +11,6 @@ import loaders
 from loaders import hf_backend
 from loaders.datasets import ArrayDataset
 from loaders.sampler import Sampler
-
-datasets = pytest.importorskip("datasets")
 
 
 def _native(data: ArrayDataset, **sampler_args) -> hf_backend.HFSource:

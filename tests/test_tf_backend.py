@@ -4,10 +4,6 @@ import os
 
 import numpy as np
 import pytest
-
-pytest.importorskip("tensorflow")
-pytest.importorskip("tensorflow_datasets")
-
 import tensorflow as tf
 import tensorflow_datasets as tfds
 from backend_helpers import indexed_dataset, valid_labels

@@ -4,9 +4,6 @@ import faulthandler
 
 import numpy as np
 import pytest
-
-pytest.importorskip("torch")
-
 from backend_helpers import indexed_dataset
 
 import loaders
