@@ -15,25 +15,11 @@ import contextlib
 import io
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-REPO = HERE.parent
-sys.path.insert(0, str(REPO))  # runnable from a plain checkout, without `pip install -e .`
-
-
-def git_state() -> dict[str, object]:
-    """The commit measured, and which tracked files differed from it (uncommitted work)."""
-
-    def git(*args: str) -> str:
-        result = subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True)
-        return result.stdout.rstrip() if result.returncode == 0 else ""
-
-    changed = git("status", "--porcelain", "--untracked-files=no").splitlines()
-    return {"commit": git("rev-parse", "HEAD") or None, "modified": [c[3:] for c in changed]}
+from common import RESULTS, SHARED_MNIST, git_state  # also puts the repo on sys.path
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -41,7 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dataset", default="mnist-10k")
     parser.add_argument(
         "--data-dir",
-        default=str(REPO.parent / "shared" / "data" / "mnist"),
+        default=str(SHARED_MNIST),
         help="directory with the MNIST IDX files (default: ../shared/data/mnist)",
     )
     parser.add_argument("--loaders", default=None, help="comma-separated backends (default: all)")
@@ -49,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--train-epochs", type=int, default=4)
     parser.add_argument("--devices", type=int, default=None, help="use N local devices")
-    parser.add_argument("--out-dir", type=Path, default=HERE / "results")
+    parser.add_argument("--out-dir", type=Path, default=RESULTS)
     parser.add_argument("--tag", default="", help="suffix for the result file names")
     args = parser.parse_args(argv)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")

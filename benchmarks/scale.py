@@ -21,33 +21,17 @@ import gc
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
+from common import RESULTS, SHARED_MNIST, git_state  # also puts the repo on sys.path
 
-HERE = Path(__file__).resolve().parent
-REPO = HERE.parent
-sys.path.insert(0, str(REPO))  # runnable from a plain checkout, without `pip install -e .`
-
-import loaders  # noqa: E402
-from loaders.cache import CACHE_ENV  # noqa: E402
-from loaders.idx import write_idx  # noqa: E402
-
-
-def git_state() -> dict[str, object]:
-    """The commit measured, and which tracked files differed from it (uncommitted work)."""
-
-    def git(*args: str) -> str:
-        result = subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True)
-        return result.stdout.rstrip() if result.returncode == 0 else ""
-
-    changed = git("status", "--porcelain", "--untracked-files=no").splitlines()
-    return {"commit": git("rev-parse", "HEAD") or None, "modified": [c[3:] for c in changed]}
-
+import loaders
+from loaders.cache import CACHE_ENV
+from loaders.idx import write_idx
 
 REAL = 10_000
 
@@ -160,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "--data-dir",
-        default=str(REPO.parent / "shared" / "data" / "mnist"),
+        default=str(SHARED_MNIST),
         help="directory with the MNIST IDX files (default: ../shared/data/mnist)",
     )
     parser.add_argument("--loaders", default=None, help="comma-separated backends (default: all)")
@@ -176,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--large-repeats", type=int, default=1, help="repeats at >= 1M examples")
-    parser.add_argument("--out-dir", type=Path, default=HERE / "results")
+    parser.add_argument("--out-dir", type=Path, default=RESULTS)
     parser.add_argument("--tag", default="", help="suffix for the result file names")
     args = parser.parse_args(argv)
     if any(size % REAL for size in args.sizes):

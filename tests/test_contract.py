@@ -5,9 +5,11 @@ what must be true of all of them, including byte-identical batches under one
 seed.
 """
 
+import importlib
+
 import numpy as np
 import pytest
-from backend_helpers import assert_same_batches
+from backend_helpers import assert_same_batches, indexed_dataset, valid_labels
 
 import loaders
 
@@ -137,14 +139,57 @@ def test_bad_options_and_batch_sizes(backend):
         loaders.make(backend, **DATASET, batch_size=4001)
 
 
-@pytest.mark.parametrize("backend", [b for b in BACKENDS if b != "numpy"])
-def test_native_order_is_seeded_and_covers_the_epoch(backend):
-    source = loaders.make(backend, **DATASET, batch_size=512, seed=5, order="native")
-    first, again, second = _epoch(source, 0), _epoch(source, 0), _epoch(source, 1)
-    assert_same_batches(first, again)
-    assert not np.array_equal(first[0]["label"], second[0]["label"])
-    labels = np.concatenate([b["label"][b["mask"]] for b in first])
-    assert len(labels) == 4000
+NATIVE = [b for b in BACKENDS if b != "numpy"]
+# Like torch's DistributedSampler, these pad uneven shards with repeated
+# examples so every process reads as many; the others leave shards uneven.
+NATIVE_PADS_WITH_REPEATS = {"torch", "tf"}
+
+
+def _native(backend, data, **sampler_args):
+    module = importlib.import_module(loaders.BACKENDS[backend].module)
+    return module.build(data, loaders.Sampler(len(data), **sampler_args), order="native")
+
+
+@pytest.mark.parametrize("backend", NATIVE)
+def test_native_order_is_seeded_reshuffled_and_covers_each_sample_once(backend):
+    data = indexed_dataset(1000)
+
+    def labels(seed, epoch=0):
+        return valid_labels(_native(backend, data, batch_size=64, seed=seed), epoch)
+
+    first = labels(7)
+    np.testing.assert_array_equal(first, labels(7))
+    np.testing.assert_array_equal(np.sort(first), np.arange(1000))
+    second = labels(7, epoch=1)
+    np.testing.assert_array_equal(np.sort(second), np.arange(1000))
+    assert not np.array_equal(first, second)
+    assert not np.array_equal(first, labels(8))
+    assert not np.array_equal(first, np.arange(1000))
+
+
+@pytest.mark.parametrize("backend", NATIVE)
+@pytest.mark.parametrize("drop_remainder", [False, True])
+def test_native_order_shards_over_processes_with_equal_batch_counts(backend, drop_remainder):
+    data = indexed_dataset(1000)  # not a multiple of 3, nor of 3 * 64
+    shards = [
+        _native(
+            backend,
+            data,
+            batch_size=64,
+            seed=2,
+            drop_remainder=drop_remainder,
+            process_index=p,
+            process_count=3,
+        )
+        for p in range(3)
+    ]
+    # valid_labels asserts that each process yields exactly num_batches batches.
+    seen = np.concatenate([valid_labels(shard, 0) for shard in shards])
+    if drop_remainder:
+        assert len(seen) == len(np.unique(seen)) == shards[0].num_batches * 64 * 3
+    else:
+        np.testing.assert_array_equal(np.unique(seen), np.arange(1000))
+        assert len(seen) == (1002 if backend in NATIVE_PADS_WITH_REPEATS else 1000)
 
 
 def test_unknown_backend_lists_the_valid_ones():

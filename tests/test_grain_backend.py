@@ -1,8 +1,7 @@
 """Quirks of the Grain backend (the shared contract suite covers the rest)."""
 
-import numpy as np
 import pytest
-from backend_helpers import assert_same_batches, indexed_dataset, valid_labels
+from backend_helpers import assert_same_batches
 
 import loaders
 from loaders import grain_backend
@@ -48,35 +47,6 @@ def test_sampler_order_reads_whole_batches(monkeypatch):
     batches = list(source.iter_epoch(0, start=2))
     assert len(batches) == source.num_batches - 2
     assert calls == [96] * len(batches)  # one gather per batch, full static shape
-
-
-def test_native_order_is_seeded_reshuffled_and_covers_each_sample_once():
-    data = indexed_dataset()
-    first = valid_labels(_native(data, batch_size=32, seed=5), 0)
-    assert np.array_equal(first, valid_labels(_native(data, batch_size=32, seed=5), 0))
-    assert np.array_equal(np.sort(first), np.arange(len(data)))
-    second = valid_labels(_native(data, batch_size=32, seed=5), 1)
-    assert np.array_equal(np.sort(second), np.arange(len(data)))
-    assert not np.array_equal(first, second)
-    assert not np.array_equal(first, valid_labels(_native(data, batch_size=32, seed=6), 0))
-    assert not np.array_equal(first, np.arange(len(data)))
-
-
-@pytest.mark.parametrize("drop_remainder", [False, True])
-def test_native_order_shards_over_processes(drop_remainder):
-    data = indexed_dataset(301)  # shards of 101, 100, 100 rows
-    shards = [
-        _native(
-            data, batch_size=16, process_index=p, process_count=3, drop_remainder=drop_remainder
-        )
-        for p in range(3)
-    ]
-    seen = np.concatenate([valid_labels(s, 0) for s in shards])  # equal batch counts asserted
-    assert len(seen) == len(set(seen.tolist()))
-    if drop_remainder:
-        assert len(seen) == shards[0].num_batches * 16 * 3
-    else:
-        assert np.array_equal(np.sort(seen), np.arange(len(data)))
 
 
 @pytest.mark.slow

@@ -131,46 +131,6 @@ def test_pipeline_is_built_once_and_epochs_can_interleave(monkeypatch):
     assert len(built) == 2
 
 
-def test_native_order_is_seeded_per_epoch_and_covers_every_sample():
-    data = indexed_dataset(1000)
-
-    def native(seed):
-        return tf_backend.TfSource(data, Sampler(1000, 64, seed=seed), order="native")
-
-    first = valid_labels(native(7), 0)
-    np.testing.assert_array_equal(first, valid_labels(native(7), 0))
-    np.testing.assert_array_equal(np.sort(first), np.arange(1000))
-    second = valid_labels(native(7), 1)
-    np.testing.assert_array_equal(np.sort(second), np.arange(1000))
-    assert not np.array_equal(first, second)
-    assert not np.array_equal(first, valid_labels(native(8), 0))
-    assert not np.array_equal(first, np.arange(1000))
-
-
-@pytest.mark.parametrize("drop_remainder", [False, True])
-def test_native_order_shards_with_equal_batch_counts(drop_remainder):
-    data, count = indexed_dataset(1000), 3  # 1000 is not a multiple of 3 or of 3 * 64
-    shards = []
-    for index in range(count):
-        sampler = Sampler(
-            1000,
-            64,
-            seed=2,
-            drop_remainder=drop_remainder,
-            process_index=index,
-            process_count=count,
-        )
-        source = tf_backend.TfSource(data, sampler, order="native")
-        assert len(list(source.iter_epoch(0))) == source.num_batches
-        shards.append(valid_labels(source, 0))
-    seen = np.concatenate(shards)
-    if drop_remainder:
-        assert len(seen) == len(np.unique(seen)) == 64 * 3 * 5
-    else:  # padded with its own first 2 examples so 1002 divides over 3 processes
-        np.testing.assert_array_equal(np.unique(seen), np.arange(1000))
-        assert len(seen) == 1002
-
-
 def test_tensorflow_sees_no_gpu():
     loaders.make("tf", dataset="mnist-sample", batch_size=BATCH)
     assert tf.config.get_visible_devices("GPU") == []

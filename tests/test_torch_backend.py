@@ -4,11 +4,9 @@ import faulthandler
 
 import numpy as np
 import pytest
-from backend_helpers import indexed_dataset
 
 import loaders
 from loaders import torch_backend
-from loaders.sampler import Sampler
 
 BATCH = 512  # 8 batches of mnist-sample/train, the last one padded
 
@@ -27,10 +25,6 @@ def _assert_identical(got, want):
                 assert type(g[key]) is np.ndarray, (key, type(g[key]))
                 assert g[key].dtype == w[key].dtype and g[key].shape == w[key].shape
                 np.testing.assert_array_equal(g[key], w[key])
-
-
-def _native_labels(source, epoch):
-    return [b["label"][b["mask"]] if "mask" in b else b["label"] for b in source.iter_epoch(epoch)]
 
 
 @pytest.fixture
@@ -79,47 +73,6 @@ def test_getitems_gathers_each_batch_once(monkeypatch):
     expected = loaders.Sampler(4000, BATCH, seed=1).epoch_plan(0)
     for got, (want, _) in zip(calls, expected, strict=True):
         np.testing.assert_array_equal(got, want)
-
-
-def test_native_order_is_seeded_per_epoch_and_covers_every_sample():
-    data = indexed_dataset(1000)
-
-    def native(seed):
-        return torch_backend.TorchSource(data, Sampler(1000, 64, seed=seed), order="native")
-
-    first = np.concatenate(_native_labels(native(7), 0))
-    np.testing.assert_array_equal(first, np.concatenate(_native_labels(native(7), 0)))
-    np.testing.assert_array_equal(np.sort(first), np.arange(1000))
-    second = np.concatenate(_native_labels(native(7), 1))
-    np.testing.assert_array_equal(np.sort(second), np.arange(1000))
-    assert not np.array_equal(first, second)
-    assert not np.array_equal(first, np.concatenate(_native_labels(native(8), 0)))
-    assert not np.array_equal(first, np.arange(1000))
-
-
-@pytest.mark.parametrize("drop_remainder", [False, True])
-def test_native_order_shards_like_distributed_sampler(drop_remainder):
-    data, count = indexed_dataset(1000), 3  # 1000 is not a multiple of 3 or of 3 * 64
-    shards = []
-    for index in range(count):
-        sampler = Sampler(
-            1000,
-            64,
-            seed=2,
-            drop_remainder=drop_remainder,
-            process_index=index,
-            process_count=count,
-        )
-        source = torch_backend.TorchSource(data, sampler, order="native")
-        batches = list(source.iter_epoch(0))
-        assert len(batches) == source.num_batches  # equal on every process
-        shards.append(np.concatenate(_native_labels(source, 0)))
-    seen = np.concatenate(shards)
-    if drop_remainder:
-        assert len(seen) == len(np.unique(seen)) == 64 * 3 * 5
-    else:  # DistributedSampler repeats 2 examples so 1002 divides over 3 processes
-        np.testing.assert_array_equal(np.unique(seen), np.arange(1000))
-        assert len(seen) == 1002
 
 
 def test_options_are_checked():

@@ -108,6 +108,33 @@ def _to_host(totals: Sums) -> dict[str, float]:
     return {k: float(v.addressable_data(0)) for k, v in totals.items()}
 
 
+def _run_epoch(
+    feed: DeviceFeed,
+    step: Callable,
+    state: tuple[Params, Params, Sums],
+    serialize_steps: bool,
+    on_step: Callable[[], object],
+) -> tuple[Params, Params, Sums, float]:
+    """Steps through ``feed``; returns the new (params, velocity, totals) and
+    the seconds the device may have idled waiting for data (see `train`)."""
+    params, velocity, totals = state
+    wait = 0.0
+    while True:
+        t = time.perf_counter()
+        step_running = not totals["count"].is_ready()
+        batch = next(feed, None)
+        if not (step_running and not totals["count"].is_ready()):
+            # The device may have idled for (part of) this wait: counted in
+            # full, so the figure is an upper bound.
+            wait += time.perf_counter() - t
+        if batch is None:
+            return params, velocity, totals, wait
+        params, velocity, totals = step(params, velocity, totals, batch)
+        if serialize_steps:
+            jax.block_until_ready(totals)
+        on_step()
+
+
 def train(
     train_source: BatchSource,
     test_source: BatchSource | None,
@@ -146,29 +173,16 @@ def train(
     try:
         for epoch in range(config.epochs):
             totals = jax.device_put(_zero_sums(), replicated)
-            wait = 0.0
             started = time.perf_counter()
-            bar = tqdm(
+            with tqdm(
                 total=feed.num_batches,
                 desc=f"epoch {epoch + 1}",
                 leave=False,
                 disable=None if progress is None else not progress,  # None: TTY only
-            )
-            while True:
-                t = time.perf_counter()
-                step_running = not totals["count"].is_ready()
-                batch = next(feed, None)
-                if not (step_running and not totals["count"].is_ready()):
-                    # The device may have idled for (part of) this wait: counted in
-                    # full, so the figure is an upper bound.
-                    wait += time.perf_counter() - t
-                if batch is None:
-                    break
-                params, velocity, totals = step(params, velocity, totals, batch)
-                if serialize_steps:
-                    jax.block_until_ready(totals)
-                bar.update()
-            bar.close()
+            ) as bar:
+                params, velocity, totals, wait = _run_epoch(
+                    feed, step, (params, velocity, totals), serialize_steps, bar.update
+                )
             feed.close()
             if epoch + 1 < config.epochs:
                 # Opened now, so its first batches load while this epoch is evaluated.
@@ -177,11 +191,11 @@ def train(
             seconds = time.perf_counter() - started
             metrics = {
                 "epoch": epoch + 1,
-                "loss": float(totals["loss"] / totals["count"]),
-                "train_accuracy": float(totals["correct"] / totals["count"]),
+                "loss": totals["loss"] / totals["count"],
+                "train_accuracy": totals["correct"] / totals["count"],
                 "test_accuracy": None,
                 "seconds": seconds,
-                "samples_per_second": float(totals["count"]) / seconds,
+                "samples_per_second": totals["count"] / seconds,
                 "data_wait_fraction": wait / seconds,
             }
             if test_source is not None:
