@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-    from trainer.cli import main as jaxfeed
+    from jaxfeed.cli import main as jaxfeed
 
     stem = args.out_dir / f"compare-{args.dataset}{'-' + args.tag if args.tag else ''}"
     command = [

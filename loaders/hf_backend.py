@@ -14,10 +14,6 @@ reads back ~40x slower) and reshaped on the way out, which is free.
 from __future__ import annotations
 
 import contextlib
-import os
-import re
-import shutil
-import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -26,14 +22,14 @@ import datasets
 import numpy as np
 import pyarrow as pa
 
-from loaders.cache import cache_root, fingerprint, writable_dir
+from loaders.cache import build_once, cache_entry
 from loaders.datasets import ArrayDataset
 from loaders.sampler import Sampler
 from loaders.source import SampledSource
 
 OPTIONS = ("order", "read")
 READS = ("take", "getitem")
-_LAYOUT = "v1"  # bump when the stored columns change: old caches are then not reused
+LAYOUT_VERSION = "v1"  # bump when the stored columns change: old caches are then not reused
 
 
 class HFSource(SampledSource):
@@ -75,8 +71,7 @@ class HFSource(SampledSource):
         ds = self.rows
         # keep_in_memory: the index mappings are tiny; don't write them into the cache.
         if s.shuffle:
-            seed = int(np.random.SeedSequence((s.seed, epoch)).generate_state(1)[0])
-            ds = ds.shuffle(seed=seed, keep_in_memory=True)
+            ds = ds.shuffle(seed=s.epoch_seed(epoch), keep_in_memory=True)
         if s.process_count > 1:
             ds = ds.shard(s.process_count, s.process_index, contiguous=True, keep_in_memory=True)
         for table in ds.iter(batch_size=s.batch_size, drop_last_batch=s.drop_remainder):
@@ -96,25 +91,15 @@ class HFSource(SampledSource):
 
 def cache_path(dataset: ArrayDataset) -> Path:
     """Where ``dataset``'s Arrow copy lives: a readable name plus its content key."""
-    slug = re.sub(r"[^a-z0-9]+", "-", dataset.name.lower()).strip("-")[:40]
-    key = fingerprint(dataset.images, dataset.labels)
-    return cache_root() / "hf" / f"{slug}-{key}-{_LAYOUT}"
+    return cache_entry("hf", dataset.name, LAYOUT_VERSION, dataset.images, dataset.labels)
 
 
 def arrow_cache(dataset: ArrayDataset) -> Path:
-    """The Arrow dataset directory holding ``dataset``, written on first use.
-
-    Written into a scratch directory and renamed into place, so readers never
-    see a half-written cache and concurrent builders (several processes of
-    one job) can race safely: the loser discards its copy.
+    """The Arrow dataset directory holding ``dataset``, written once (`build_once`).
 
     Returns:
       A directory that ``datasets.load_from_disk`` reads.
     """
-    path = cache_path(dataset)
-    root = writable_dir(path.parent)
-    if path.is_dir():
-        return path
     pixels = dataset.images.reshape(len(dataset), -1)
     features = datasets.Features(
         {
@@ -122,24 +107,19 @@ def arrow_cache(dataset: ArrayDataset) -> Path:
             "label": datasets.Value("int32"),
         }
     )
-    # Arrow arrays straight from the buffers: no per-row Python.
-    columns = {
-        "image": pa.FixedSizeListArray.from_arrays(pa.array(pixels.reshape(-1)), pixels.shape[1]),
-        "label": pa.array(dataset.labels),
-    }
-    scratch = Path(tempfile.mkdtemp(dir=root, prefix=".build-"))
-    scratch.chmod(0o755)  # mkdtemp makes it owner-only; the cache is not secret
-    try:
+
+    def build(scratch: Path) -> None:
+        # Arrow arrays straight from the buffers: no per-row Python.
+        columns = {
+            "image": pa.FixedSizeListArray.from_arrays(
+                pa.array(pixels.reshape(-1)), pixels.shape[1]
+            ),
+            "label": pa.array(dataset.labels),
+        }
         with _no_progress_bars():
             datasets.Dataset.from_dict(columns, features=features).save_to_disk(str(scratch))
-        try:
-            os.rename(scratch, path)
-        except OSError:
-            if not path.is_dir():
-                raise  # not a lost race: a real failure
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
-    return path
+
+    return build_once(cache_path(dataset), build)
 
 
 @contextlib.contextmanager

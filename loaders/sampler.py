@@ -71,6 +71,12 @@ class Sampler:
             return self.num_examples // self.global_batch_size
         return math.ceil(self.num_examples / self.global_batch_size)
 
+    def epoch_seed(self, epoch: int) -> int:
+        """A 32-bit seed for ``epoch``, derived from ``(seed, epoch)``, for a
+        framework's own shuffle (``order="native"``): reproducible, and
+        different for every epoch."""
+        return int(np.random.SeedSequence((self.seed, epoch)).generate_state(1)[0])
+
     def permutation(self, epoch: int) -> np.ndarray:
         """The global order of ``epoch`` (int64 indices into the split)."""
         if not self.shuffle:

@@ -1,160 +1,34 @@
-"""TensorFlow backend: tf.data over a TFDS-format dataset directory.
+"""TensorFlow backend: tf.data over a TFDS-format copy of the dataset.
 
 The split is stored once as a real TFDS dataset (``tfrecord`` files plus
-``dataset_info.json``) under ``cache_root()/tfds/<name>-<content hash>``,
-read back with ``tfds.builder_from_directory``, and held as tensors. Batches
-come from a tf.data pipeline, built once per source, that makes one
-vectorised ``tf.gather`` per batch of indices and prefetches ahead.
-
-The cache is built in a private temporary directory and renamed into place,
-so a crash never leaves a half-built dataset and concurrent processes can
-race to build it: the first rename wins and the others discard their copy.
+``dataset_info.json``, see `loaders.tfds_store`), read back whole with
+``tfds.builder_from_directory(...).as_dataset`` and held as tensors. Batches
+come from one long-lived tf.data iterator per source that gathers the
+sampler's index batches with ``tf.gather`` (see `_Pipeline`).
 """
 
 from __future__ import annotations
 
-import contextlib
-import functools
-import io
-import logging
-import os
-import re
-import shutil
-import sys
-import tempfile
 import threading
 from collections.abc import Iterator, Mapping, Sequence
-from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import numpy as np
 
-from loaders.cache import cache_root, fingerprint, writable_dir
 from loaders.datasets import ArrayDataset
 from loaders.sampler import Sampler
 from loaders.source import SampledSource
+from loaders.tfds_store import import_tensorflow, import_tfds, store
 
 OPTIONS = ("order",)
 
-TFDS_NAME = "jaxfeed_arrays"
-"""The TFDS dataset name inside each cache directory."""
 BYTES_PER_STEP = 4 << 20  # images gathered per tf.data element (see _Pipeline)
-TFDS_VERSION = "1.0.0"
-"""Bump to rebuild every cache when the stored features change."""
-
-
-@functools.cache
-def _tensorflow() -> ModuleType:
-    """Imports TensorFlow quietly and keeps it off any GPU (JAX owns those)."""
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    import tensorflow as tf
-
-    # Raises RuntimeError once TF is initialised; its devices are then fixed.
-    with contextlib.suppress(RuntimeError):
-        tf.config.set_visible_devices([], "GPU")
-    return tf
-
-
-def _tfds() -> ModuleType:
-    _tensorflow()
-    import tensorflow_datasets as tfds
-
-    return tfds
-
-
-def cache_key(dataset: ArrayDataset) -> str:
-    """``<readable name>-<format version>-<content fingerprint>``: new data (or a
-    new stored layout) never reuses a stale cache."""
-    slug = re.sub(r"[^A-Za-z0-9]+", "-", dataset.name).strip("-")[-60:]
-    return f"{slug}-{TFDS_VERSION}-{fingerprint(dataset.images, dataset.labels)}"
-
-
-def _split_name(dataset: ArrayDataset) -> str:
-    split = dataset.name.rsplit("/", 1)[-1]
-    return split if re.fullmatch(r"[A-Za-z0-9_]+", split) else "data"
-
-
-@contextlib.contextmanager
-def _quiet() -> Iterator[None]:
-    """Silences TFDS's build chatter ("Downloading and preparing...", progress
-    bars, absl warnings) and replays it to stderr if the build fails. The
-    redirect is process-wide, but only for the build's few seconds."""
-    out = io.StringIO()
-    absl_logger = logging.getLogger("absl")
-    level = absl_logger.level
-    absl_logger.setLevel(logging.ERROR)
-    try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
-            yield
-    except BaseException:
-        sys.stderr.write(out.getvalue())
-        raise
-    finally:
-        absl_logger.setLevel(level)
-
-
-def prepare_tfds(dataset: ArrayDataset) -> Path:
-    """Stores ``dataset`` as a TFDS dataset once and returns its builder directory.
-
-    Returns:
-      ``cache_root()/tfds/<key>/jaxfeed_arrays/1.0.0``, readable with
-      ``tfds.builder_from_directory``; its one split is named after the
-      dataset's split (``"train"``/``"test"``).
-
-    Raises:
-      ValueError: the cache directory is not writable.
-      RuntimeError: the final directory exists but holds no TFDS dataset.
-    """
-    root = writable_dir(cache_root() / "tfds")
-    final = root / cache_key(dataset)
-    builder_dir = final / TFDS_NAME / TFDS_VERSION
-    if (builder_dir / "dataset_info.json").is_file():
-        return builder_dir
-    tfds = _tfds()
-    features = tfds.features.FeaturesDict(
-        {
-            # Raw bytes, not PNG: loading the split then needs no decoding.
-            "image": tfds.features.Tensor(shape=dataset.images.shape[1:], dtype=np.uint8),
-            "label": tfds.features.Scalar(dtype=np.int32),
-        }
-    )
-    examples = (
-        (i, {"image": image, "label": label})
-        for i, (image, label) in enumerate(zip(dataset.images, dataset.labels, strict=True))
-    )
-    tmp = Path(tempfile.mkdtemp(dir=root, prefix=f".{final.name}.tmp-"))
-    try:
-        with _quiet():
-            tfds.dataset_builders.store_as_tfds_dataset(
-                name=TFDS_NAME,
-                version=TFDS_VERSION,
-                features=features,
-                split_datasets={_split_name(dataset): examples},
-                data_dir=tmp,
-                description=f"jaxfeed's copy of {dataset.name}",
-                file_format="tfrecord",  # array_record cannot serve as_dataset (tfds 4.9.10)
-                disable_shuffling=True,  # keep dataset order: index i is example i
-            )
-        shutil.rmtree(tmp / "downloads", ignore_errors=True)  # always empty here
-        try:
-            tmp.rename(final)
-        except OSError:
-            # Another process renamed its copy first (or a stray directory is in
-            # the way); theirs is complete because renames are atomic.
-            if not (builder_dir / "dataset_info.json").is_file():
-                raise RuntimeError(
-                    f"{final} exists but holds no TFDS dataset; delete it and retry"
-                ) from None
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)  # nothing left after a successful rename
-    return builder_dir
 
 
 def _gather(images: Any, labels: Any, indices: Any, batch_size: int) -> dict[str, Any]:
     """Several batches at once: one vectorised ``tf.gather`` per leaf, shaped
     ``[batches, batch_size, ...]``."""
-    tf = _tensorflow()
+    tf = import_tensorflow()
     image, label = tf.gather(images, indices), tf.gather(labels, indices)
     return {
         "image": tf.reshape(image, [-1, batch_size, *images.shape[1:]]),
@@ -176,7 +50,7 @@ class _Pipeline:
     """
 
     def __init__(self, images: Any, labels: Any, num_batches: int, batch_size: int):
-        tf = _tensorflow()
+        tf = import_tensorflow()
         batch_bytes = batch_size * int(np.prod(images.shape[1:])) * images.dtype.size
         self.per_step = max(1, min(BYTES_PER_STEP // batch_bytes, num_batches))
         self.steps = -(-num_batches // self.per_step)
@@ -216,18 +90,15 @@ class TfSource(SampledSource):
     """Batches from a tf.data pipeline over a TFDS-format copy of the dataset.
 
     Args:
-      dataset, sampler, order: see `SampledSource`. ``order="sampler"``:
-        ``Dataset.range(num_batches).map(gather(images, table[step]))
-        .prefetch(AUTOTUNE)`` over the sampler's index table (one vectorised
-        gather per batch). ``order="native"``: the order is the tf.data idiom
-        ``Dataset.range(N).shuffle(N, seed=f(seed, epoch),
-        reshuffle_each_iteration=False).shard(process_count, process_index)``,
+      dataset, sampler, order: see `SampledSource`. ``order="sampler"``: the
+        sampler's index batches, gathered by `_Pipeline`. ``order="native"``:
+        the order of the tf.data idiom ``Dataset.range(N).shuffle(N,
+        seed=sampler.epoch_seed(epoch)).shard(process_count, process_index)``,
         cut into batches as ``.batch(batch_size, drop_remainder)`` would and
-        read through the same gather pipeline. Like torch's
-        DistributedSampler, with several processes and ``drop_remainder=False``
-        the order is first padded with its own head to a multiple of
-        ``process_count``, so every process yields the same number of batches.
-        A global seed set with ``tf.random.set_seed`` also changes this order.
+        gathered by the same pipeline. Like torch's DistributedSampler, with
+        several processes and ``drop_remainder=False`` the order is first
+        padded with its own head to a multiple of ``process_count``, so every
+        process yields the same number of batches.
 
     Raises:
       RuntimeError: the cached TFDS dataset does not match ``dataset``.
@@ -235,10 +106,9 @@ class TfSource(SampledSource):
 
     def __init__(self, dataset: ArrayDataset, sampler: Sampler, order: str = "sampler"):
         super().__init__(dataset, sampler, order)
-        tfds = _tfds()
-        self.builder_dir = prepare_tfds(dataset)
-        builder = tfds.builder_from_directory(self.builder_dir)
-        split = builder.as_dataset(split=_split_name(dataset), batch_size=-1)
+        self.builder_dir = store(dataset, "tfrecord")
+        builder = import_tfds().builder_from_directory(self.builder_dir)
+        split = builder.as_dataset(split="data", batch_size=-1)
         if not (
             np.array_equal(split["image"].numpy(), dataset.images)
             and np.array_equal(split["label"].numpy(), dataset.labels)
@@ -264,12 +134,11 @@ class TfSource(SampledSource):
                 self._idle.append(pipeline)
 
     def _native_epoch(self, epoch: int) -> Iterator[Mapping[str, np.ndarray]]:
-        tf = _tensorflow()
+        tf = import_tensorflow()
         s, n = self.sampler, len(self.dataset)
         order = tf.data.Dataset.range(n)
         if s.shuffle:
-            seed = int(np.random.SeedSequence((s.seed, epoch)).generate_state(1)[0])
-            order = order.shuffle(n, seed=seed, reshuffle_each_iteration=False)
+            order = order.shuffle(n, seed=s.epoch_seed(epoch), reshuffle_each_iteration=False)
         pad = 0 if s.drop_remainder else -n % s.process_count
         if pad:
             order = order.repeat(2).take(n + pad)  # same order twice: pad with its head

@@ -205,72 +205,27 @@ def wrap(
     transform: Callable[[Batch], Batch] | None = None,
     **options: Any,
 ) -> BatchSource:
-    """A `BatchSource` over a loader you already have.
+    """A `BatchSource` over a loader you already have (README: "Your own loader").
 
-    Supported (see ``KINDS``): a torch ``DataLoader``; a ``tf.data.Dataset``
-    (TFDS's ``tfds.load`` included); a Grain ``MapDataset``, ``IterDataset``
-    or ``DataLoader``; a Hugging Face ``datasets.Dataset`` or
-    ``IterableDataset``; any re-iterable of batches (e.g. a list); a
-    zero-argument callable returning a fresh iterator of batches per epoch
-    (e.g. a generator function; a generator itself is single-use). An
-    existing `BatchSource` is returned as it is.
-
-    Batches become flat ``dict[str, np.ndarray]``: dicts keep their keys,
-    nested dicts (and tuples of arrays inside them) get "/"-joined keys
-    (``{"a": {"b": x}}`` -> ``"a/b"``), a tuple/list ``(x, y)`` becomes
-    ``{"image": x, "label": y}`` (namedtuples keep their field names), a bare
-    array becomes ``{"image": x}``. Torch tensors become numpy without a copy
-    when on the CPU. Nothing is cast or reshaped: the MNIST trainer wants
-    ``image`` uint8 ``[B, 28, 28, 1]`` and ``label`` int ``[B]``; use
-    ``transform`` for anything else.
-
-    Every batch must have the first batch's keys, shapes and dtypes. A short
-    batch is padded with zero rows to ``batch_size`` (or dropped with
-    ``drop_remainder=True``); with ``drop_remainder=False`` every batch carries
-    a bool ``mask`` (False on padding), so the structure is static. A ``mask``
-    the loader yields itself is kept (and padded with False).
-
-    Costs: ``element_spec`` (and ``batch_size`` when neither it nor the loader
-    gives one) reads the first batch of epoch 0, once, unless an iteration
-    already has; for a torch loader with ``shuffle=True`` that also draws from torch's
-    RNG. ``iter_epoch(start=n)`` reads and discards ``n`` batches except for
-    a Grain ``MapDataset`` or a ``datasets.Dataset`` (random access) and
-    tf.data (``skip``, which still runs the skipped elements' pipeline).
-    The order within an epoch is the loader's own; ``epoch`` reaches it only
-    through ``set_epoch`` (torch samplers such as ``DistributedSampler``, a
-    ``datasets.IterableDataset``).
-
-    Hugging Face: columns keep their stored dtypes (a stream without declared
-    ``features`` gets the numpy formatter's int64/float32); store images as
-    ``ArrayND`` features, which read ~1000x faster than nested lists.
+    Takes a torch ``DataLoader``, a ``tf.data.Dataset``, a Grain ``MapDataset``,
+    ``IterDataset`` or ``DataLoader``, a ``datasets.Dataset`` or
+    ``IterableDataset``, a re-iterable of batches, or a zero-argument callable
+    returning an iterator of batches. Batches become flat numpy dicts (a tuple
+    ``(x, y)`` becomes ``{"image": x, "label": y}``, nested keys join with "/");
+    a short batch is padded and masked, or dropped with ``drop_remainder``.
 
     Args:
       obj: the loader.
-      batch_size: rows per batch. Required for ``datasets`` objects and
-        unbatched tf.data; otherwise the loader's (torch) or the first batch's.
-      keys: names for the parts of tuple batches (default ``("image", "label")``).
+      batch_size: rows per batch; required for ``datasets`` objects and
+        unbatched tf.data, else the loader's or the first batch's.
+      keys: names for the parts of tuple batches.
       drop_remainder: drop short batches instead of padding them.
       transform: applied to each flat numpy batch before the checks.
-      **options: ``columns=[...]`` for ``datasets`` objects (the columns to read).
-
-    Returns:
-      A `BatchSource`; ``num_batches`` is None when the loader cannot say.
+      **options: ``columns=[...]`` for ``datasets`` objects.
 
     Raises:
-      TypeError: an unsupported object (the message lists what is supported),
-        or an option the object's kind does not take.
-      ValueError: a bad ``batch_size`` or ``keys``, a missing or conflicting
-        ``batch_size`` (``datasets``, unbatched tf.data, a torch loader's own);
-        later, while iterating, a batch larger than ``batch_size`` or unlike
-        the first (naming the key, the expected and the received spec).
-
-    Example:
-      >>> loader = torch.utils.data.DataLoader(dataset, batch_size=32)  # float [B,1,28,28]
-      >>> def to_mnist(batch):
-      ...     image = (batch["image"].transpose(0, 2, 3, 1) * 255).astype(np.uint8)
-      ...     return {"image": image, "label": batch["label"].astype(np.int32)}
-      >>> source = loaders.wrap(loader, transform=to_mnist)
-      >>> trainer.train(source, None)
+      TypeError: an unsupported object or option. ValueError: bad arguments,
+        or (while iterating) a batch unlike the first, naming the key.
     """
     if all(hasattr(type(obj), name) for name in ("batch_size", "element_spec", "iter_epoch")):
         if batch_size is not None or keys is not None or transform or options or drop_remainder:

@@ -5,18 +5,15 @@ device, many devices, many hosts), and the prefetching device feed.
 """
 
 from sharding.distributed import initialize
-from sharding.mesh import DATA_AXIS, batch_sharding, data_axis_size, make_mesh
-from sharding.placement import check_batch_size, check_process, place_batch
+from sharding.mesh import DATA_AXIS, batch_sharding, data_mesh
+from sharding.placement import place_batch
 from sharding.prefetch import DeviceFeed
 
 __all__ = [
     "DATA_AXIS",
     "DeviceFeed",
     "batch_sharding",
-    "check_batch_size",
-    "check_process",
-    "data_axis_size",
+    "data_mesh",
     "initialize",
-    "make_mesh",
     "place_batch",
 ]

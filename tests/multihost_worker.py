@@ -20,7 +20,7 @@ from jax.experimental import multihost_utils
 
 import loaders
 import sharding
-from trainer import TrainConfig, train
+from jaxfeed import TrainConfig, train
 
 DATASET, LOCAL_BATCH, SEED = "mnist-sample", 24, 5
 
@@ -73,7 +73,7 @@ def check_backend(backend: str, mesh) -> dict:
 def main() -> None:
     coordinator, processes, me, out_dir, backends = sys.argv[1:6]
     sharding.initialize(coordinator, int(processes), int(me))
-    mesh = sharding.make_mesh()
+    mesh = sharding.data_mesh()
     result = {
         "process": jax.process_index(),
         "devices": jax.device_count(),

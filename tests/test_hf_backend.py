@@ -1,6 +1,5 @@
 """Quirks of the Hugging Face backend (the shared contract suite covers the rest)."""
 
-import shutil
 
 import datasets
 import numpy as np
@@ -53,22 +52,6 @@ def test_cache_is_an_arrow_dataset_built_once(tmp_path, monkeypatch):
     again = loaders.make("hf", dataset="mnist-sample", split="test", batch_size=50)
     assert again.path == source.path and len(saves) == 1  # reused, not rebuilt
     assert sorted(p.name for p in (tmp_path / "hf").iterdir()) == [source.path.name]
-
-
-def test_losing_a_build_race_keeps_the_winners_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("JAXFEED_CACHE_DIR", str(tmp_path))
-    data = indexed_dataset(40)
-    save = datasets.Dataset.save_to_disk
-
-    def save_then_get_beaten(self, path, *args, **kwargs):
-        save(self, path, *args, **kwargs)
-        final = hf_backend.cache_path(data)
-        shutil.copytree(path, final)  # another process renamed its copy in first
-
-    monkeypatch.setattr(datasets.Dataset, "save_to_disk", save_then_get_beaten)
-    path = hf_backend.arrow_cache(data)
-    assert [p.name for p in (tmp_path / "hf").iterdir()] == [path.name]  # scratch removed
-    assert datasets.load_from_disk(str(path)).num_rows == 40
 
 
 @pytest.mark.parametrize("read", ["take", "getitem"])

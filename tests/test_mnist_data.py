@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import sample_digits
 
 from loaders import mnist
 from loaders.cache import cache_root, writable_dir
@@ -34,7 +35,7 @@ from loaders.mnist import (
     resolve_mnist_dir,
 )
 
-SHARED_FILES = (T10K_IMAGES, T10K_LABELS, TRAIN_LABELS)
+SERVED_FILES = (T10K_IMAGES, T10K_LABELS, TRAIN_LABELS)
 
 
 class _Handler(http.server.SimpleHTTPRequestHandler):
@@ -61,7 +62,7 @@ def server(mnist_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     root = tmp_path_factory.mktemp("www")
     for sub in ("good", "bad", "empty"):
         (root / sub).mkdir()
-    for name in SHARED_FILES:
+    for name in SERVED_FILES:
         shutil.copy(mnist_dir / name, root / "good" / name)
         data = bytearray((mnist_dir / name).read_bytes())
         data[len(data) // 2] ^= 0xFF
@@ -74,6 +75,17 @@ def server(mnist_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     httpd.shutdown()
     httpd.server_close()
     thread.join()
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _checksums_of_served_files(mnist_dir: Path) -> Iterator[None]:
+    """The served files hold real digits, but not the official files' bytes
+    (those are not part of the repository): expect their md5s and sizes."""
+    with pytest.MonkeyPatch.context() as patch:
+        for name in SERVED_FILES:
+            patch.setitem(mnist.CHECKSUMS, name, _md5(mnist_dir / name))
+            patch.setitem(mnist.SIZES, name, (mnist_dir / name).stat().st_size)
+        yield
 
 
 @pytest.fixture(scope="module")
@@ -114,8 +126,8 @@ def test_download_good(server: str, tmp_path: Path) -> None:
 def test_download_bad_checksum(server: str, tmp_path: Path) -> None:
     with pytest.raises(
         ValueError,
-        match=r"t10k-labels-idx1-ubyte.gz: md5 mismatch, expected "
-        r"ec29112dd5afa0611ce80d1b7f02629c, but http://127\.0\.0\.1:\d+/bad/",
+        match=rf"t10k-labels-idx1-ubyte.gz: md5 mismatch, expected "
+        rf"{mnist.CHECKSUMS[T10K_LABELS]}, but http://127\.0\.0\.1:\d+/bad/",
     ):
         download(T10K_LABELS, tmp_path, mirrors=[f"{server}/bad/"])
     assert os.listdir(tmp_path) == []
@@ -132,7 +144,7 @@ def test_fallback_mirror(server: str, dead_url: str, tmp_path: Path, first: str)
     first_url = f"{server}/empty/" if first == "404" else dead_url
     path = download(T10K_IMAGES, tmp_path, mirrors=[first_url, f"{server}/good/"])
     assert _md5(path) == mnist.CHECKSUMS[T10K_IMAGES]
-    assert read_idx(path).shape == (10000, 28, 28)
+    assert read_idx(path).shape == (5000, 28, 28)
 
 
 def test_mirrors_from_env(server: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -211,7 +223,7 @@ def test_resolve_explicit_dir(mnist_dir: Path, tmp_path: Path) -> None:
         raw = read_idx(mnist_dir / name)
         write_idx(tmp_path / name.removesuffix(".gz"), raw)
     assert resolve_mnist_dir([T10K_IMAGES, "t10k-labels-idx1-ubyte"], tmp_path) == tmp_path
-    assert len(load_dataset("mnist", "test", data_dir=tmp_path)) == 10000
+    assert len(load_dataset("mnist", "test", data_dir=tmp_path)) == 5000
 
 
 def test_explicit_dir_missing_file_never_downloads(
@@ -230,7 +242,7 @@ def test_explicit_dir_missing_file_never_downloads(
 def test_env_data_dir(mnist_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(mnist.DATA_DIR_ENV, str(mnist_dir))
     assert resolve_mnist_dir([T10K_LABELS]) == mnist_dir
-    assert len(load_dataset("mnist-10k", "test")) == 2000
+    assert len(load_dataset("mnist-10k", "test")) == 1000
 
 
 def test_resolve_downloads_into_cache(
@@ -244,7 +256,7 @@ def test_resolve_downloads_into_cache(
     monkeypatch.setenv(mnist.MIRRORS_ENV, dead_url)
     assert resolve_mnist_dir([T10K_IMAGES, T10K_LABELS]) == directory
     ds = load_dataset("mnist-10k", "train")
-    assert len(ds) == 8000 and ds.labels[0] == 7
+    assert len(ds) == 4000 and ds.labels[0] == sample_digits()[1][0]
 
 
 def test_mnist_downloads_test_split(server: str, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -252,7 +264,7 @@ def test_mnist_downloads_test_split(server: str, monkeypatch: pytest.MonkeyPatch
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         ds = load_dataset("mnist", "test")
-    assert ds.name == "mnist/test" and len(ds) == 10000
+    assert ds.name == "mnist/test" and len(ds) == 5000
 
 
 @pytest.mark.parametrize(("split", "size"), [("train", 4000), ("test", 1000)])
@@ -327,11 +339,11 @@ def test_mnist_sample_splits() -> None:
 def test_mnist_10k(mnist_dir: Path) -> None:
     train = load_dataset("mnist-10k", "train", data_dir=mnist_dir)
     test = load_dataset("mnist-10k", "test", data_dir=str(mnist_dir))
-    assert (len(train), len(test)) == (8000, 2000)
-    assert train.name == "mnist-10k/train" and train.labels[0] == 7
-    assert train.images.shape == (8000, 28, 28, 1) and train.images.flags.c_contiguous
+    assert (len(train), len(test)) == (4000, 1000)  # 80% / 20% (8,000 / 2,000 of real t10k)
+    assert train.name == "mnist-10k/train" and train.labels[0] == sample_digits()[1][0]
+    assert train.images.shape == (4000, 28, 28, 1) and train.images.flags.c_contiguous
     full = read_idx(mnist_dir / T10K_LABELS)
-    np.testing.assert_array_equal(test.labels, full[8000:])
+    np.testing.assert_array_equal(test.labels, full[4000:])
 
 
 def test_arrays_are_read_only(mnist_dir: Path) -> None:

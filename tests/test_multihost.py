@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 import loaders
-from sharding import make_mesh
-from trainer import TrainConfig, train
+from jaxfeed import TrainConfig, train
+from sharding import data_mesh
 
 WORKER = Path(__file__).with_name("multihost_worker.py")
 REPO = WORKER.parents[1]
@@ -88,7 +88,7 @@ def test_multihost_epoch_and_training(processes, tmp_path):
     assert len({r["params"] for r in results}) == 1
     # ...and match a single-process run over as many devices with the same global batch.
     common = dict(dataset="mnist-sample", batch_size=24 * processes, seed=5)
-    mesh = make_mesh(jax.devices()[: 2 * processes])
+    mesh = data_mesh(jax.devices()[: 2 * processes])
     _, single = train(
         loaders.make("grain", split="train", **common),
         loaders.make("grain", split="test", shuffle=False, **common),

@@ -3,9 +3,9 @@
 import subprocess
 import sys
 
+import jaxfeed
 import loaders
 import sharding
-import trainer
 
 
 def test_public_names():
@@ -29,15 +29,12 @@ def test_public_names():
             "DATA_AXIS",
             "DeviceFeed",
             "batch_sharding",
-            "check_batch_size",
-            "check_process",
-            "data_axis_size",
             "initialize",
-            "make_mesh",
+            "data_mesh",
             "place_batch",
         ]
     )
-    assert sorted(trainer.__all__) == sorted(
+    assert sorted(jaxfeed.__all__) == sorted(
         [
             "LAYER_SIZES",
             "TrainConfig",
@@ -47,7 +44,7 @@ def test_public_names():
             "train",
         ]
     )
-    for module in (loaders, sharding, trainer):
+    for module in (loaders, sharding, jaxfeed):
         for name in module.__all__:
             assert hasattr(module, name), name
 
@@ -75,6 +72,6 @@ def test_missing_package_names_what_to_install(monkeypatch):
     monkeypatch.setattr(
         importlib.util, "find_spec", lambda name, *a: None if name == "grain" else real(name, *a)
     )
-    with pytest.raises(ImportError, match=r"needs the package 'grain'.*pip install grain"):
+    with pytest.raises(ImportError, match=r"needs the package 'grain'.*jaxfeed\[grain\]"):
         loaders.make("grain", dataset="mnist-sample")
-    assert loaders.available()["grain"] == "unavailable: pip install grain"
+    assert loaders.available()["grain"] == 'unavailable: pip install "jaxfeed[grain]"'

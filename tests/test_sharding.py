@@ -12,7 +12,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 import loaders
 from loaders.protocol import ArraySpec
-from sharding import DeviceFeed, batch_sharding, check_batch_size, make_mesh, place_batch
+from sharding import DeviceFeed, batch_sharding, data_mesh, place_batch
+from sharding.placement import check_batch_size
 
 
 def _source(batch_size=16, **kwargs):
@@ -29,7 +30,7 @@ def test_eight_cpu_devices_are_visible():
 
 def test_placed_batches_are_sharded_over_the_data_axis_in_order():
     source = _source(batch_size=16, split="test", shuffle=False)
-    mesh = make_mesh()
+    mesh = data_mesh()
     host = next(source.iter_epoch(0))
     with DeviceFeed(source, mesh) as feed:
         batch = next(feed)
@@ -46,7 +47,7 @@ def test_placed_batches_are_sharded_over_the_data_axis_in_order():
 
 
 def test_two_dimensional_mesh_replicates_over_model_axis():
-    mesh = make_mesh(model=2)
+    mesh = data_mesh(model=2)
     assert mesh.axis_names == ("data", "model") and mesh.shape["data"] == 4
     sharding = batch_sharding(mesh)
     placed = place_batch({"x": np.arange(8, dtype=np.int32)}, sharding)
@@ -79,7 +80,7 @@ def test_batch_that_does_not_divide_raises_before_any_data_moves():
         r"Pick a batch_size that is a multiple of 8 \(e.g. 96 or 104\)"
     )
     with pytest.raises(ValueError, match=expected):
-        DeviceFeed(Spy(), make_mesh())
+        DeviceFeed(Spy(), data_mesh())
     assert calls == []
 
 
@@ -91,11 +92,11 @@ def test_unknown_mesh_axis():
 
 def test_model_axis_must_divide_devices():
     with pytest.raises(ValueError, match="model axis size 3 does not divide the 8 devices"):
-        make_mesh(model=3)
+        data_mesh(model=3)
 
 
 def test_check_batch_size_accepts_multiples():
-    check_batch_size(24, batch_sharding(make_mesh()))
+    check_batch_size(24, batch_sharding(data_mesh()))
 
 
 def test_loader_errors_are_reraised_in_the_consumer():
@@ -107,7 +108,7 @@ def test_loader_errors_are_reraised_in_the_consumer():
             yield {"x": np.zeros(8, np.int32)}
             raise OSError("disk on fire")
 
-    feed = DeviceFeed(Broken(), make_mesh())
+    feed = DeviceFeed(Broken(), data_mesh())
     assert next(feed)["x"].shape == (8,)
     with pytest.raises(OSError, match="disk on fire"):
         next(feed)
@@ -124,14 +125,14 @@ def test_close_stops_a_producer_blocked_on_a_full_queue():
             while True:
                 yield {"x": np.zeros(8, np.int32)}
 
-    with DeviceFeed(Endless(), make_mesh(), host_buffer=2) as feed:
+    with DeviceFeed(Endless(), data_mesh(), host_buffer=2) as feed:
         next(feed)
         time.sleep(0.3)  # let the producer fill the queue and block
     assert not _feed_threads()
 
 
 def test_abandoned_feed_is_collected_and_its_thread_ends():
-    feed = DeviceFeed(_source(batch_size=8), make_mesh())
+    feed = DeviceFeed(_source(batch_size=8), data_mesh())
     next(feed)
     del feed
     gc.collect()
@@ -143,7 +144,7 @@ def test_abandoned_feed_is_collected_and_its_thread_ends():
 
 def test_feed_yields_the_whole_epoch_then_stops():
     source = _source(batch_size=200, split="test", shuffle=False)
-    with DeviceFeed(source, make_mesh()) as feed:
+    with DeviceFeed(source, data_mesh()) as feed:
         batches = list(feed)
     assert len(batches) == source.num_batches == 5
     assert sum(int(b["mask"].sum()) for b in batches) == 1000
@@ -156,13 +157,13 @@ def test_jitted_step_consumes_placed_batches():
 
     source = _source(batch_size=64, split="test", shuffle=False)
     expected = int(loaders.load_dataset("mnist-sample", "test").labels.sum())
-    with DeviceFeed(source, make_mesh()) as feed:
+    with DeviceFeed(source, data_mesh()) as feed:
         assert sum(int(total(b)) for b in feed) == expected
 
 
 def test_bad_buffer_sizes():
     with pytest.raises(ValueError, match="host_buffer and device_buffer must be >= 1"):
-        DeviceFeed(_source(), make_mesh(), host_buffer=0)
+        DeviceFeed(_source(), data_mesh(), host_buffer=0)
 
 
 def test_source_made_for_another_process_layout_is_refused():
@@ -170,7 +171,7 @@ def test_source_made_for_another_process_layout_is_refused():
         "numpy", dataset="mnist-sample", batch_size=8, process_count=2, process_index=1
     )
     with pytest.raises(ValueError, match=r"made for process 1 of 2, but this is process 0 of 1"):
-        DeviceFeed(source, make_mesh())
+        DeviceFeed(source, data_mesh())
 
 
 @pytest.mark.parametrize("backend", ["numpy", "torch", "tf", "grain", "hf"])
@@ -178,7 +179,7 @@ def test_every_backend_feeds_a_jitted_step_on_eight_devices(backend):
     source = loaders.make(
         backend, dataset="mnist-sample", split="test", batch_size=96, shuffle=False
     )
-    mesh = make_mesh()
+    mesh = data_mesh()
     expected = loaders.load_dataset("mnist-sample", "test").labels
     count = jax.jit(lambda b: jnp.sum(b["mask"]))
     label_sum = jax.jit(lambda b: jnp.sum(b["label"] * b["mask"]))

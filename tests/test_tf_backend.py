@@ -6,11 +6,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 import tensorflow_datasets as tfds
-from backend_helpers import indexed_dataset, valid_labels
+from backend_helpers import indexed_dataset
 
 import loaders
-from loaders import tf_backend
-from loaders.sampler import Sampler
+from loaders import tf_backend, tfds_store
 
 BATCH = 512  # 8 batches of mnist-sample/train, the last one padded
 
@@ -33,11 +32,11 @@ def test_cache_is_a_real_tfds_dataset_built_once(empty_cache, monkeypatch):
     stamp = info_file.stat().st_mtime_ns
 
     builder = tfds.builder_from_directory(builder_dir)
-    assert builder.info.splits["test"].num_examples == 1000
+    assert builder.info.splits["data"].num_examples == 1000
     assert builder.info.file_format.value == "tfrecord"
     # Plain tfds.load finds it too: a real TFDS dataset, not files of our own.
     data_dir = builder_dir.parents[1]
-    ds = tfds.load(tf_backend.TFDS_NAME, split="test", data_dir=data_dir, download=False)
+    ds = tfds.load(tfds_store.TFDS_NAME, split="data", data_dir=data_dir, download=False)
     first = next(iter(tfds.as_numpy(ds)))
     np.testing.assert_array_equal(first["image"], source.dataset.images[0])
 
@@ -48,40 +47,9 @@ def test_cache_is_a_real_tfds_dataset_built_once(empty_cache, monkeypatch):
 
 
 def test_other_data_gets_its_own_cache(empty_cache):
-    a = tf_backend.prepare_tfds(indexed_dataset(100))
-    b = tf_backend.prepare_tfds(indexed_dataset(101))
-    assert a != b and a.parents[1].name.startswith("indexed-train-")
-
-
-def test_failed_build_leaves_nothing_behind(empty_cache, monkeypatch):
-    def crash(*args, data_dir, **kwargs):
-        (data_dir / "half-written").write_text("x")
-        raise OSError("disk full")
-
-    monkeypatch.setattr(tfds.dataset_builders, "store_as_tfds_dataset", crash)
-    with pytest.raises(OSError, match="disk full"):
-        tf_backend.prepare_tfds(indexed_dataset(100))
-    assert list((empty_cache / "tfds").iterdir()) == []
-
-
-def test_losing_the_build_race_keeps_the_winners_copy(empty_cache, monkeypatch):
-    store = tfds.dataset_builders.store_as_tfds_dataset
-    data = indexed_dataset(100)
-    final = empty_cache / "tfds" / tf_backend.cache_key(data)
-
-    def race(*args, data_dir, split_datasets, **kwargs):
-        # Another process finishes first and renames its copy into place.
-        splits = {name: list(examples) for name, examples in split_datasets.items()}
-        store(*args, data_dir=data_dir.parent / "winner", split_datasets=splits, **kwargs)
-        (data_dir.parent / "winner").rename(final)
-        return store(*args, data_dir=data_dir, split_datasets=splits, **kwargs)
-
-    monkeypatch.setattr(tfds.dataset_builders, "store_as_tfds_dataset", race)
-    builder_dir = tf_backend.prepare_tfds(data)
-    assert builder_dir == final / tf_backend.TFDS_NAME / tf_backend.TFDS_VERSION
-    assert [p.name for p in (empty_cache / "tfds").iterdir()] == [final.name]
-    source = tf_backend.TfSource(data, Sampler(100, 10, seed=0))
-    np.testing.assert_array_equal(np.sort(valid_labels(source, 0)), np.arange(100))
+    a = tfds_store.store(indexed_dataset(100))
+    b = tfds_store.store(indexed_dataset(101))
+    assert a != b and a.parents[1].name.startswith("indexed-train-tfrecord-")
 
 
 @pytest.mark.parametrize("drop_remainder", [False, True])

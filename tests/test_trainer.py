@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 
 import loaders
-from sharding import make_mesh
-from trainer import TrainConfig, evaluate, init_params, predict, train
+from jaxfeed import TrainConfig, evaluate, init_params, predict, train
+from sharding import data_mesh
 
 
 def _make(split, batch_size, **kwargs):
@@ -22,7 +22,7 @@ def test_padded_rows_never_count():
     # 1000 test digits in batches of 384: the last batch has 232 real rows.
     padded = _make("test", 384, shuffle=False)
     assert padded.num_batches == 3
-    accuracy = evaluate(params, padded, make_mesh())
+    accuracy = evaluate(params, padded, data_mesh())
     assert accuracy == pytest.approx(expected, abs=1e-6)
 
 
@@ -31,7 +31,7 @@ def test_default_run_reaches_90_percent_on_mnist_sample():
         _make("train", 128),
         _make("test", 128, shuffle=False),
         TrainConfig(epochs=5, seed=0),
-        sharding=make_mesh(),
+        sharding=data_mesh(),
         progress=False,
     )
     assert len(history) == 5
@@ -48,7 +48,7 @@ def test_same_seed_same_curve_and_different_seed_differs():
             _make("train", 256, seed=seed),
             None,
             TrainConfig(epochs=2, seed=seed),
-            sharding=make_mesh(),
+            sharding=data_mesh(),
             progress=False,
         )
         return [m["loss"] for m in history]
@@ -63,7 +63,7 @@ def test_one_device_and_eight_devices_agree():
             _make("train", 128),
             _make("test", 128, shuffle=False),
             TrainConfig(epochs=2),
-            sharding=make_mesh(devices),
+            sharding=data_mesh(devices),
             progress=False,
         )
         return history[-1]

@@ -344,8 +344,8 @@ def test_wrapped_torch_loader_trains_end_to_end():
     import torch
     from torch.utils.data import DataLoader, TensorDataset
 
+    import jaxfeed
     import sharding
-    import trainer
 
     data = loaders.load_dataset("mnist-sample", "train")
     dataset = TensorDataset(
@@ -356,5 +356,5 @@ def test_wrapped_torch_loader_trains_end_to_end():
         batch = next(feed)
         assert batch["image"].shape == (96, 28, 28, 1) and batch["image"].dtype == np.uint8
         assert len(batch["label"].sharding.device_set) == len(jax.devices())
-    _, history = trainer.train(source, None, trainer.TrainConfig(epochs=1), progress=False)
+    _, history = jaxfeed.train(source, None, jaxfeed.TrainConfig(epochs=1), progress=False)
     assert np.isfinite(history[0]["loss"]) and history[0]["train_accuracy"] > 0.5

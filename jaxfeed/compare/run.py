@@ -3,7 +3,7 @@
 Each repeat runs every measurement over every backend and baseline in turn
 (A B C A B C ...), so drift on a noisy machine hits all of them alike; the
 result keeps every per-repeat figure beside the medians. See `run` for what
-is measured; `trainer.compare_report` derives the ratios and renders tables
+is measured; `jaxfeed.compare.report` derives the ratios and renders tables
 and plots.
 """
 
@@ -29,11 +29,11 @@ import numpy as np
 from tqdm import tqdm  # not tqdm.auto: it warns in Jupyter without ipywidgets
 
 import loaders
+from jaxfeed.compare import baselines
+from jaxfeed.compare.report import ratios_and_targets
+from jaxfeed.train import TrainConfig, train
 from loaders.cache import CACHE_ENV
 from sharding import DeviceFeed
-from trainer import baselines
-from trainer.compare_report import ratios_and_targets
-from trainer.train import TrainConfig, train
 
 WARMUP_BATCHES = 16  # a warm-up pass reads at most this many batches per loader
 METRICS = ("loader", "feed", "train", "first_batch")
@@ -267,7 +267,7 @@ def run(config: CompareConfig, mesh: jax.sharding.Mesh, command: list[str]) -> d
     Per row and repeat: loader-only throughput (one epoch through the loader
     alone), end-to-end throughput (through `DeviceFeed` for backends, through
     ``jax.device_put`` per batch for baselines; the last batch is waited for),
-    training (``trainer.train``; epoch time and data wait are the median of
+    training (``jaxfeed.train``; epoch time and data wait are the median of
     epochs 2.., since epoch 1 compiles), and for backends the time to the first
     batch with an empty (cold) and a filled (warm) cache directory.
     """

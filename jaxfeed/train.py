@@ -11,9 +11,9 @@ import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec
 from tqdm import tqdm  # not tqdm.auto: it warns in Jupyter without ipywidgets
 
+from jaxfeed.model import Params, init_params, predict
 from loaders.protocol import BatchSource
 from sharding import DeviceFeed, batch_sharding
-from trainer.model import Params, init_params, predict
 
 Sums = dict[str, jax.Array]  # running on-device totals: loss, correct, count
 

@@ -127,9 +127,9 @@ def _torch(images: np.ndarray, labels: np.ndarray, batch_size: int, seed: int) -
 
 
 def _tf(images: np.ndarray, labels: np.ndarray, batch_size: int, seed: int) -> Baseline:
-    from loaders.tf_backend import _tensorflow  # TF's quiet, GPU-free import
+    from loaders.tfds_store import import_tensorflow  # quiet, GPU-free
 
-    tf = _tensorflow()
+    tf = import_tensorflow()
     ds = (
         tf.data.Dataset.from_tensor_slices((images, labels))
         .shuffle(len(labels), seed=seed)

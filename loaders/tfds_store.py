@@ -1,0 +1,156 @@
+"""An `ArrayDataset` stored as a real TFDS dataset directory, and TF imported quietly.
+
+Both the tf backend (``tfrecord``, read by ``tf.data``) and the Grain backend's
+``source="tfds"`` (``array_record``, random access through
+``tfds.data_source``) read their split from here. The copy is built once
+under ``cache_root()/tfds/`` by `loaders.cache.build_once`, keyed by content.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import io
+import logging
+import os
+import shutil
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+
+import numpy as np
+
+from loaders.cache import build_once, cache_entry
+from loaders.datasets import ArrayDataset
+
+__all__ = ["TFDS_NAME", "TFDS_VERSION", "import_tensorflow", "import_tfds", "store"]
+
+TFDS_NAME = "jaxfeed_arrays"
+"""The TFDS dataset name inside each cache entry."""
+TFDS_VERSION = "1.0.0"
+"""Bump to rebuild every cache entry when the stored features change."""
+FORMATS = ("tfrecord", "array_record")
+
+
+@contextlib.contextmanager
+def quiet_stderr() -> Iterator[None]:
+    """Captures everything written to file descriptor 2, from Python and C++
+    alike, and replays it only if the block fails.
+
+    TensorFlow's import and device setup print oneDNN notices, absl
+    pre-initialisation warnings and ``failed call to cuInit`` lines straight
+    to fd 2 (TF 2.21 ignores ``TF_CPP_MIN_LOG_LEVEL`` for some of them). The
+    capture is process-wide, so it is kept to those few seconds.
+    """
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as captured:
+        os.dup2(captured.fileno(), 2)
+        try:
+            yield
+        except BaseException:
+            os.dup2(saved, 2)
+            captured.seek(0)
+            sys.stderr.write(captured.read().decode(errors="replace"))
+            raise
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+
+
+@functools.cache
+def import_tensorflow() -> ModuleType:
+    """Imports TensorFlow without its start-up noise, kept off any GPU (JAX owns those)."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    with quiet_stderr():
+        import tensorflow as tf
+
+        # Raises RuntimeError once TF is initialised; its devices are then fixed.
+        with contextlib.suppress(RuntimeError):
+            tf.config.set_visible_devices([], "GPU")
+    return tf
+
+
+@functools.cache
+def import_tfds() -> ModuleType:
+    """Imports tensorflow_datasets (after TensorFlow, quietly)."""
+    import_tensorflow()
+    with quiet_stderr():
+        import tensorflow_datasets as tfds
+    return tfds
+
+
+@contextlib.contextmanager
+def _quiet_build() -> Iterator[None]:
+    """Silences TFDS's build chatter ("Downloading and preparing...", progress
+    bars, absl warnings) and replays it to stderr if the build fails."""
+    out = io.StringIO()
+    absl_logger = logging.getLogger("absl")
+    level = absl_logger.level
+    absl_logger.setLevel(logging.ERROR)
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+            yield
+    except BaseException:
+        sys.stderr.write(out.getvalue())
+        raise
+    finally:
+        absl_logger.setLevel(level)
+
+
+def store(dataset: ArrayDataset, file_format: str = "tfrecord") -> Path:
+    """Stores ``dataset`` as a TFDS dataset once and returns its builder directory.
+
+    Args:
+      dataset: the split to store; record ``i`` is row ``i``.
+      file_format: ``"tfrecord"`` (serves ``as_dataset``/``tf.data``) or
+        ``"array_record"`` (serves ``tfds.data_source``; tfds 4.9.10 cannot
+        read it with ``as_dataset``).
+
+    Returns:
+      ``<cache entry>/jaxfeed_arrays/1.0.0``, readable with
+      ``tfds.builder_from_directory``; its one split is named ``"data"``.
+
+    Raises:
+      ValueError: the cache directory is not writable, or an unknown format.
+      RuntimeError: the cache entry exists but holds no TFDS dataset.
+    """
+    if file_format not in FORMATS:
+        raise ValueError(f"file_format must be one of {FORMATS}, got {file_format!r}")
+    entry = cache_entry(
+        "tfds", f"{dataset.name}-{file_format}", TFDS_VERSION, dataset.images, dataset.labels
+    )
+
+    def build(scratch: Path) -> None:
+        tfds = import_tfds()
+        features = tfds.features.FeaturesDict(
+            {
+                # Raw bytes, not PNG: loading the split then needs no decoding.
+                "image": tfds.features.Tensor(shape=dataset.images.shape[1:], dtype=np.uint8),
+                "label": tfds.features.Scalar(dtype=np.int32),
+            }
+        )
+        examples = (
+            (i, {"image": image, "label": label})
+            for i, (image, label) in enumerate(zip(dataset.images, dataset.labels, strict=True))
+        )
+        with _quiet_build():
+            tfds.dataset_builders.store_as_tfds_dataset(
+                name=TFDS_NAME,
+                version=TFDS_VERSION,
+                features=features,
+                split_datasets={"data": examples},
+                data_dir=scratch,
+                description=f"jaxfeed's copy of {dataset.name}",
+                file_format=file_format,
+                disable_shuffling=True,  # keep dataset order: record i is row i
+            )
+        shutil.rmtree(scratch / "downloads", ignore_errors=True)  # always empty here
+
+    def ready(path: Path) -> bool:
+        return (path / TFDS_NAME / TFDS_VERSION / "dataset_info.json").is_file()
+
+    return build_once(entry, build, ready) / TFDS_NAME / TFDS_VERSION
