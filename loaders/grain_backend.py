@@ -5,29 +5,30 @@ per ``__getitem__`` call and stacks them in Python. Here each element of the
 MapDataset is one batch of indices, and a single vectorised read fetches the
 whole batch from the random-access source, so Grain's threads, worker
 processes and ordering guarantees apply to batches instead of records.
+
+With worker processes, sampler order reads one long-lived pipeline over every
+epoch back to back (`_AllEpochs`), so the workers start once, not per epoch.
 """
 
 from __future__ import annotations
 
-import os
-import re
-import shutil
-import tempfile
+import sys
+import threading
+import weakref
 from collections.abc import Iterator, Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import grain
 import numpy as np
 
-from loaders.cache import cache_root, fingerprint, writable_dir
 from loaders.datasets import ArrayDataset
+from loaders.protocol import Batch
 from loaders.sampler import Sampler
 from loaders.source import SampledSource
+from loaders.tfds_store import import_tfds, store
 
 SOURCES = ("memory", "tfds")
 OPTIONS = ("order", "source", "num_workers", "num_threads")
-_TFDS_VERSION = "1.0.0"
 
 
 class ArraySource:
@@ -82,6 +83,83 @@ class _GatherBatch(grain.transforms.Map):
         return self.records.read_batch(np.asarray(element, dtype=np.int64))
 
 
+class _AllEpochs:
+    """The index batches of every epoch back to back, computed on demand.
+
+    Element ``i`` is batch ``i % num_batches`` of epoch ``i // num_batches``.
+    Endless (Grain reads ``len == sys.maxsize`` as infinite) and picklable, so
+    one pipeline and its worker processes serve every epoch; each worker
+    computes an epoch's plan once, from the shared sampler.
+    """
+
+    def __init__(self, sampler: Sampler):
+        self.sampler = sampler
+        self._plan: tuple[int, list[np.ndarray]] = (-1, [])
+
+    def __len__(self) -> int:
+        return sys.maxsize
+
+    def __getitem__(self, index: int) -> np.ndarray:
+        epoch, step = divmod(index, self.sampler.num_batches)
+        plan = self._plan  # read once: reader threads may replace it meanwhile
+        if plan[0] != epoch:
+            plan = (epoch, [indices for indices, _ in self.sampler.epoch_plan(epoch)])
+            self._plan = plan
+        return plan[1][step]
+
+
+class _Reader:
+    """Gathers the batches of ``index_batches`` (a MapDataset no worker may
+    reach the end of, see `GrainSource._iterate`) through Grain, by position.
+
+    ``next_batch(position)`` continues the running iterator when it stands at
+    ``position``, and otherwise closes it and starts a new one there: worker
+    processes live as long as the reads are sequential.
+    """
+
+    def __init__(
+        self,
+        index_batches: grain.MapDataset,
+        records: ArraySource | TfdsSource,
+        num_workers: int,
+        num_threads: int,
+    ):
+        self._batches = index_batches.map(_GatherBatch(records))
+        self._num_workers, self._num_threads = num_workers, num_threads
+        self._iterator: Iterator[dict[str, np.ndarray]] | None = None
+        self.position: int | None = None  # what the running iterator reads next
+
+    def next_batch(self, position: int) -> dict[str, np.ndarray]:
+        if self._iterator is None or position != self.position:
+            self.close()
+            # Read-ahead bounded by the threads, not Grain's 500 elements:
+            # `index_batches` may be endless, and a restart discards it.
+            threads = self._num_threads
+            options = grain.ReadOptions(num_threads=threads, prefetch_buffer_size=2 * threads)
+            ds = self._batches[position:].to_iter_dataset(options)
+            if self._num_workers:
+                _mark_absl_flags_parsed()
+                ds = ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=self._num_workers))
+            self._iterator, self.position = iter(ds), position
+        try:
+            batch = next(self._iterator)
+        except BaseException:
+            self.close()  # a failed iterator is not reused
+            raise
+        self.position += 1
+        if not self._num_workers:
+            return batch
+        # Workers hand batches over in shared memory. A copy frees the segment
+        # now; an array still viewing one at interpreter exit leaks it.
+        return {key: np.array(value) for key, value in batch.items()}
+
+    def close(self) -> None:
+        """Stops the iterator and its workers. Idempotent."""
+        iterator, self._iterator, self.position = self._iterator, None, None
+        if iterator is not None:
+            iterator.close()
+
+
 class GrainSource(SampledSource):
     """Batches from a Grain pipeline over a batch-level random-access source.
 
@@ -92,7 +170,11 @@ class GrainSource(SampledSource):
       source: ``"memory"`` (default): the in-memory arrays. ``"tfds"``: a
         TFDS dataset in ``array_record`` format, built once under the cache.
       num_workers: Grain worker processes (``IterDataset.mp_prefetch``);
-        0 reads in this process.
+        0 reads in this process. In sampler order the workers are started
+        once and read epoch after epoch; reading an epoch from any other
+        batch than where the last one stopped restarts them there. An epoch
+        begun while another is still being read gets workers of its own.
+        ``close()`` (or garbage collection, or exit) stops them.
       num_threads: Grain reader threads per process (``grain.ReadOptions``);
         default 0 for the in-memory source (a gather is too cheap to share
         out), 16 (Grain's default) for TFDS.
@@ -120,6 +202,53 @@ class GrainSource(SampledSource):
             self.records = ArraySource(dataset.images, dataset.labels)
         else:
             self.records = TfdsSource(_tfds_data_source(dataset), dataset)
+        self._workers: _Reader | None = None
+        self._reading = threading.Lock()  # held while an epoch reads `_workers`
+        if order == "sampler" and num_workers:
+            everything = grain.MapDataset.source(_AllEpochs(sampler))
+            self._workers = _Reader(everything, self.records, num_workers, self.num_threads)
+            weakref.finalize(self, self._workers.close)  # also runs at exit
+
+    def iter_epoch(self, epoch: int = 0, *, start: int = 0) -> Iterator[Batch]:
+        if self._workers is None:
+            return super().iter_epoch(epoch, start=start)
+        return self._iter_workers(epoch, start)
+
+    def close(self) -> None:
+        """Stops the long-lived worker processes; a later epoch starts new ones.
+
+        Call it when no epoch is being read (Grain iterators are not thread-safe).
+        """
+        if self._workers is not None:
+            self._workers.close()
+
+    def __enter__(self) -> GrainSource:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def _iter_workers(self, epoch: int, start: int) -> Iterator[Batch]:
+        valid_rows = [num_valid for _, num_valid in self.sampler.epoch_plan(epoch, start)]
+        if not self._reading.acquire(blocking=False):
+            # Another epoch is reading the long-lived workers: this one gets its own.
+            yield from super().iter_epoch(epoch, start=start)
+            return
+        try:
+            position = self._position(epoch, start)
+            for offset, num_valid in enumerate(valid_rows):
+                yield self._finish(self._workers.next_batch(position + offset), num_valid)
+        finally:
+            self._reading.release()
+
+    def _position(self, epoch: int, start: int) -> int:
+        """Global batch ``start`` of ``epoch`` in `_AllEpochs`."""
+        running = self._workers.position
+        if not self.sampler.shuffle and running is not None:
+            # Unshuffled epochs are identical: stay in the epoch being read, so
+            # re-reading epoch 0 (an evaluation set) keeps the workers too.
+            epoch = running // self.num_batches
+        return epoch * self.num_batches + start
 
     def _fetch(self, index_batches: Sequence[np.ndarray]) -> Iterator[Mapping[str, np.ndarray]]:
         return self._iterate(grain.MapDataset.source(list(index_batches)))
@@ -135,17 +264,20 @@ class GrainSource(SampledSource):
         yield from self._iterate(ds.batch(s.batch_size, drop_remainder=s.drop_remainder))
 
     def _iterate(self, index_batches: grain.MapDataset) -> Iterator[Mapping[str, np.ndarray]]:
-        ds = index_batches.map(_GatherBatch(self.records)).to_iter_dataset(
-            grain.ReadOptions(num_threads=self.num_threads)
-        )
-        if self.num_workers:
-            _mark_absl_flags_parsed()
-            ds = ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=self.num_workers))
-        iterator = iter(ds)
+        """One pass over ``index_batches``, with workers of its own."""
+        count = len(index_batches)
+        if self.num_workers and count:
+            # Repeated, so no worker reaches the end: Grain 0.2.18 hands a
+            # worker's end of data on as an exception whose traceback keeps the
+            # worker's last batch (in shared memory) in a reference cycle,
+            # leaked if no garbage collection runs before exit.
+            index_batches = index_batches.repeat(reseed_each_epoch=False)
+        reader = _Reader(index_batches, self.records, self.num_workers, self.num_threads)
         try:
-            yield from iterator
+            for position in range(count):
+                yield reader.next_batch(position)
         finally:
-            iterator.close()  # stops worker processes now, not at garbage collection
+            reader.close()  # stops worker processes now, not at garbage collection
 
 
 def _mark_absl_flags_parsed() -> None:
@@ -163,45 +295,9 @@ def _mark_absl_flags_parsed() -> None:
 
 
 def _tfds_data_source(dataset: ArrayDataset) -> Sequence[Mapping[str, np.ndarray]]:
-    """``tfds.data_source`` over ``dataset``, stored once as TFDS ``array_record``."""
-    import tensorflow_datasets as tfds
-
-    root = writable_dir(cache_root() / "tfds-array_record")
-    slug = re.sub(r"[^a-z0-9]+", "_", dataset.name.lower())[:40].strip("_")
-    # A valid TFDS name, keyed by content.
-    name = f"jaxfeed_{slug}_{fingerprint(dataset.images, dataset.labels)}"
-    if not (root / name / _TFDS_VERSION / "dataset_info.json").exists():
-        # Build beside the cache and rename into place: readers never see a
-        # half-written dataset, and losing a race with another process is fine.
-        scratch = Path(tempfile.mkdtemp(dir=root, prefix=".build-"))
-        try:
-            examples = (
-                (i, {"image": image, "label": label})
-                for i, (image, label) in enumerate(zip(dataset.images, dataset.labels, strict=True))
-            )
-            features = tfds.features.FeaturesDict(
-                {
-                    "image": tfds.features.Tensor(shape=dataset.images.shape[1:], dtype=np.uint8),
-                    "label": tfds.features.Tensor(shape=(), dtype=np.int32),
-                }
-            )
-            tfds.dataset_builders.store_as_tfds_dataset(
-                name=name,
-                version=_TFDS_VERSION,
-                features=features,
-                split_datasets={"train": examples},
-                data_dir=scratch,
-                file_format="array_record",
-                disable_shuffling=True,  # keep record i == dataset row i
-            )
-            try:
-                os.rename(scratch / name, root / name)
-            except OSError:
-                if not (root / name).is_dir():
-                    raise  # not a lost race: a real failure
-        finally:
-            shutil.rmtree(scratch, ignore_errors=True)
-    return tfds.data_source(name, split="train", data_dir=root, download=False)
+    """A TFDS ``array_record`` data source over ``dataset``, stored once."""
+    builder = import_tfds().builder_from_directory(store(dataset, "array_record"))
+    return builder.as_data_source(split="data")
 
 
 def build(dataset: ArrayDataset, sampler: Sampler, **options: Any) -> GrainSource:
