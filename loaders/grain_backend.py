@@ -25,7 +25,7 @@ from loaders.datasets import ArrayDataset
 from loaders.protocol import Batch
 from loaders.sampler import Sampler
 from loaders.source import SampledSource
-from loaders.tfds_store import import_tfds, store
+from loaders.tfds_store import import_tfds, split_name, store
 
 SOURCES = ("memory", "tfds")
 OPTIONS = ("order", "source", "num_workers", "num_threads")
@@ -297,7 +297,7 @@ def _mark_absl_flags_parsed() -> None:
 def _tfds_data_source(dataset: ArrayDataset) -> Sequence[Mapping[str, np.ndarray]]:
     """A TFDS ``array_record`` data source over ``dataset``, stored once."""
     builder = import_tfds().builder_from_directory(store(dataset, "array_record"))
-    return builder.as_data_source(split="data")
+    return builder.as_data_source(split=split_name(dataset))
 
 
 def build(dataset: ArrayDataset, sampler: Sampler, **options: Any) -> GrainSource:

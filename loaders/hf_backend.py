@@ -2,13 +2,14 @@
 
 The split is written once as an Arrow dataset directory (``save_to_disk``)
 under ``cache_root()/"hf"``, keyed by its content, and read back with
-``load_from_disk``. Each batch is one gather: Arrow's ``take`` on the
-dataset's table (default), or ``ds[indices]``.
+``load_from_disk``. Rows are gathered in sampler order, several batches per
+call (`BYTES_PER_TAKE`): Arrow's ``take`` on the dataset's table (default),
+or ``ds[indices]``; each batch is then a numpy view of the gathered rows.
 
 Batches are read in ``"arrow"`` format and turned into numpy zero-copy: the
-``"numpy"`` format upcasts every integer column to int64 and is ~6x slower.
+``"numpy"`` format upcasts every integer column to int64 and is much slower.
 Images are stored as a fixed-size list of ``H*W*C`` uint8 (``Array3D``
-reads back ~40x slower) and reshaped on the way out, which is free.
+reads back far slower) and reshaped on the way out, which is free.
 """
 
 from __future__ import annotations
@@ -30,6 +31,10 @@ from loaders.source import SampledSource
 OPTIONS = ("order", "read")
 READS = ("take", "getitem")
 LAYOUT_VERSION = "v1"  # bump when the stored columns change: old caches are then not reused
+# Rows gathered per Arrow call. A take and its conversion to numpy cost a fixed
+# few microseconds per call, about as much as copying a 128-image batch
+# (pyarrow 26), so small batches share a call; the cap bounds what one call holds.
+BYTES_PER_TAKE = 4 << 20
 
 
 class HFSource(SampledSource):
@@ -43,7 +48,9 @@ class HFSource(SampledSource):
         Arrow's ``Table.take`` on the dataset's table, joined into one chunk
         once when the source is made (a copy of the split in memory).
         ``"getitem"``: ``ds[indices]``, the `datasets` row access; it slices
-        out every row separately and joins them, ~7x slower.
+        out every row separately and joins them, which is much slower.
+        Either way one call gathers as many whole batches as fit in
+        `BYTES_PER_TAKE` (at least one).
     """
 
     def __init__(
@@ -60,11 +67,17 @@ class HFSource(SampledSource):
         self._table = self.rows[:].combine_chunks() if read == "take" else None
 
     def _fetch(self, index_batches: Sequence[np.ndarray]) -> Iterator[Mapping[str, np.ndarray]]:
-        for indices in index_batches:
-            if self._table is None:
-                yield self._to_numpy(self.rows[indices])
-            else:
-                yield self._to_numpy(self._table.take(indices))
+        row_bytes = self.dataset.images[:1].nbytes + self.dataset.labels.itemsize
+        per_call = max(1, BYTES_PER_TAKE // (self.batch_size * row_bytes))
+        for first in range(0, len(index_batches), per_call):
+            group = index_batches[first : first + per_call]
+            indices = np.concatenate(group)
+            rows = self.rows[indices] if self._table is None else self._table.take(indices)
+            columns = self._to_numpy(rows)
+            stop = 0
+            for batch_indices in group:
+                start, stop = stop, stop + len(batch_indices)
+                yield {key: column[start:stop] for key, column in columns.items()}
 
     def _native_epoch(self, epoch: int) -> Iterator[Mapping[str, np.ndarray]]:
         s = self.sampler

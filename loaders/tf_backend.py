@@ -18,7 +18,7 @@ import numpy as np
 from loaders.datasets import ArrayDataset
 from loaders.sampler import Sampler
 from loaders.source import SampledSource
-from loaders.tfds_store import import_tensorflow, import_tfds, store
+from loaders.tfds_store import import_tensorflow, import_tfds, split_name, store
 
 OPTIONS = ("order",)
 
@@ -108,7 +108,7 @@ class TfSource(SampledSource):
         super().__init__(dataset, sampler, order)
         self.builder_dir = store(dataset, "tfrecord")
         builder = import_tfds().builder_from_directory(self.builder_dir)
-        split = builder.as_dataset(split="data", batch_size=-1)
+        split = builder.as_dataset(split=split_name(dataset), batch_size=-1)
         if not (
             np.array_equal(split["image"].numpy(), dataset.images)
             and np.array_equal(split["label"].numpy(), dataset.labels)

@@ -13,6 +13,7 @@ import functools
 import io
 import logging
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -25,7 +26,14 @@ import numpy as np
 from loaders.cache import build_once, cache_entry
 from loaders.datasets import ArrayDataset
 
-__all__ = ["TFDS_NAME", "TFDS_VERSION", "import_tensorflow", "import_tfds", "store"]
+__all__ = [
+    "TFDS_NAME",
+    "TFDS_VERSION",
+    "import_tensorflow",
+    "import_tfds",
+    "split_name",
+    "store",
+]
 
 TFDS_NAME = "jaxfeed_arrays"
 """The TFDS dataset name inside each cache entry."""
@@ -83,6 +91,13 @@ def import_tfds() -> ModuleType:
     return tfds
 
 
+def split_name(dataset: ArrayDataset) -> str:
+    """The TFDS split holding ``dataset``: its own split's name (``"train"`` for
+    ``"mnist-sample/train"``) when TFDS accepts it, else ``"data"``."""
+    split = dataset.name.rsplit("/", 1)[-1]
+    return split if re.fullmatch(r"[A-Za-z0-9_]+", split) else "data"
+
+
 @contextlib.contextmanager
 def _quiet_build() -> Iterator[None]:
     """Silences TFDS's build chatter ("Downloading and preparing...", progress
@@ -112,7 +127,7 @@ def store(dataset: ArrayDataset, file_format: str = "tfrecord") -> Path:
 
     Returns:
       ``<cache entry>/jaxfeed_arrays/1.0.0``, readable with
-      ``tfds.builder_from_directory``; its one split is named ``"data"``.
+      ``tfds.builder_from_directory``; its one split is named `split_name`.
 
     Raises:
       ValueError: the cache directory is not writable, or an unknown format.
@@ -142,7 +157,7 @@ def store(dataset: ArrayDataset, file_format: str = "tfrecord") -> Path:
                 name=TFDS_NAME,
                 version=TFDS_VERSION,
                 features=features,
-                split_datasets={"data": examples},
+                split_datasets={split_name(dataset): examples},
                 data_dir=scratch,
                 description=f"jaxfeed's copy of {dataset.name}",
                 file_format=file_format,

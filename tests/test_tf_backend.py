@@ -32,11 +32,11 @@ def test_cache_is_a_real_tfds_dataset_built_once(empty_cache, monkeypatch):
     stamp = info_file.stat().st_mtime_ns
 
     builder = tfds.builder_from_directory(builder_dir)
-    assert builder.info.splits["data"].num_examples == 1000
+    assert builder.info.splits["test"].num_examples == 1000
     assert builder.info.file_format.value == "tfrecord"
     # Plain tfds.load finds it too: a real TFDS dataset, not files of our own.
     data_dir = builder_dir.parents[1]
-    ds = tfds.load(tfds_store.TFDS_NAME, split="data", data_dir=data_dir, download=False)
+    ds = tfds.load(tfds_store.TFDS_NAME, split="test", data_dir=data_dir, download=False)
     first = next(iter(tfds.as_numpy(ds)))
     np.testing.assert_array_equal(first["image"], source.dataset.images[0])
 
