@@ -1,13 +1,12 @@
 """Quirks of the Hugging Face backend (the shared contract suite covers the rest)."""
 
-
 import datasets
 import numpy as np
 import pytest
 from backend_helpers import assert_same_batches, indexed_dataset, valid_labels
 
 import loaders
-from loaders import hf_backend
+from loaders import hf_backend, numpy_backend
 from loaders.datasets import ArrayDataset
 from loaders.sampler import Sampler
 
@@ -61,6 +60,37 @@ def test_batches_match_numpy_for_two_epochs(read):
     reference = loaders.make("numpy", **args)
     for epoch in (0, 1):
         assert_same_batches(list(source.iter_epoch(epoch)), list(reference.iter_epoch(epoch)))
+
+
+@pytest.mark.parametrize("read", ["take", "getitem"])
+@pytest.mark.parametrize("per_call", [1, 3, 4])
+@pytest.mark.parametrize("start", [0, 4])
+def test_several_batches_per_call_match_numpy(monkeypatch, read, per_call, start):
+    data = indexed_dataset()  # 300 rows: 10 batches of 32, the last padded
+    row_bytes = data.images[:1].nbytes + data.labels.itemsize
+    monkeypatch.setattr(hf_backend, "BYTES_PER_TAKE", per_call * 32 * row_bytes)
+    calls = _count_getitems(monkeypatch)
+    sampler = Sampler(num_examples=len(data), batch_size=32, seed=1)
+    source = hf_backend.build(data, sampler, read=read)
+    reference = numpy_backend.build(data, sampler)
+    got = list(source.iter_epoch(1, start=start))
+    assert_same_batches(got, list(reference.iter_epoch(1, start=start)))
+    if read == "getitem":  # one ds[indices] per call, covering up to per_call batches
+        assert calls == [min(per_call, 10 - first) * 32 for first in range(start, 10, per_call)]
+
+
+def _count_getitems(monkeypatch) -> list[int]:
+    """The number of rows asked for by each list-indexed ``ds[...]``."""
+    calls = []
+    getitem = datasets.Dataset.__getitem__
+
+    def counting(self, key):
+        if isinstance(key, np.ndarray):
+            calls.append(len(key))
+        return getitem(self, key)
+
+    monkeypatch.setattr(datasets.Dataset, "__getitem__", counting)
+    return calls
 
 
 def test_native_order_writes_no_index_files_next_to_the_cache():
