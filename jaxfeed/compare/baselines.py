@@ -149,23 +149,13 @@ def _tf(images: np.ndarray, labels: np.ndarray, batch_size: int, seed: int) -> B
     )
 
 
-class _Records:
-    """A per-record random-access source, as Grain's tutorials write one."""
-
-    def __init__(self, images: np.ndarray, labels: np.ndarray):
-        self.images, self.labels = images, labels
-
-    def __len__(self) -> int:
-        return len(self.labels)
-
-    def __getitem__(self, index: int) -> dict[str, np.ndarray]:
-        return {"image": self.images[index], "label": self.labels[index]}
-
-
 def _grain(images: np.ndarray, labels: np.ndarray, batch_size: int, seed: int) -> list[Baseline]:
     import grain
 
-    records = _Records(images, labels)
+    from loaders.grain_backend import ArraySource
+
+    records = ArraySource(images, labels)  # per-record __getitem__, as Grain's tutorials write
+
     sampler = grain.samplers.IndexSampler(
         num_records=len(records),
         shuffle=True,
