@@ -26,6 +26,7 @@ class TrainConfig:
     learning_rate: float = 0.05
     momentum: float = 0.9
     seed: int = 0
+    steps_per_transfer: int = 1  # k > 1: k batches per transfer, run in one lax.scan
 
 
 def _mask(batch: Mapping[str, jax.Array]) -> jax.Array:
@@ -52,20 +53,32 @@ def _zero_sums() -> Sums:
 
 
 def make_train_step(config: TrainConfig) -> Callable:
-    """A jitted SGD-with-momentum step on a masked mean loss."""
+    """A jitted SGD-with-momentum step on a masked mean loss.
+
+    With ``config.steps_per_transfer`` k > 1 it takes ``[k', B, ...]``
+    stacks (k' <= k) and runs their k' steps in one `jax.lax.scan`.
+    """
 
     def loss_fn(params: Params, batch: Mapping[str, jax.Array]) -> tuple[jax.Array, Sums]:
         sums = _sums(predict(params, batch["image"]), batch)
         return sums["loss"] / jnp.maximum(sums["count"], 1.0), sums
 
-    @jax.jit
-    def step(params, velocity, totals, batch):
+    def one_step(carry, batch):
+        params, velocity, totals = carry
         grads, sums = jax.grad(loss_fn, has_aux=True)(params, batch)
         velocity = jax.tree.map(lambda v, g: config.momentum * v + g, velocity, grads)
         params = jax.tree.map(lambda p, v: p - config.learning_rate * v, params, velocity)
-        return params, velocity, _add(totals, sums)
+        return (params, velocity, _add(totals, sums)), None
 
-    return step
+    if config.steps_per_transfer == 1:
+        return jax.jit(
+            lambda params, velocity, totals, batch: one_step((params, velocity, totals), batch)[0]
+        )
+    return jax.jit(
+        lambda params, velocity, totals, stack: jax.lax.scan(
+            one_step, (params, velocity, totals), stack
+        )[0]
+    )
 
 
 @jax.jit
@@ -113,7 +126,7 @@ def _run_epoch(
     step: Callable,
     state: tuple[Params, Params, Sums],
     serialize_steps: bool,
-    on_step: Callable[[], object],
+    on_steps: Callable[[int], object],
 ) -> tuple[Params, Params, Sums, float]:
     """Steps through ``feed``; returns the new (params, velocity, totals) and
     the seconds the device may have idled waiting for data (see `train`)."""
@@ -132,7 +145,7 @@ def _run_epoch(
         params, velocity, totals = step(params, velocity, totals, batch)
         if serialize_steps:
             jax.block_until_ready(totals)
-        on_step()
+        on_steps(len(next(iter(batch.values()))) if feed.steps_per_transfer > 1 else 1)
 
 
 def train(
@@ -169,7 +182,8 @@ def train(
     step = make_train_step(config)
     serialize_steps = _serialize_steps(sharding)
     history = []
-    feed = DeviceFeed(train_source, sharding, epoch=0)
+    k = config.steps_per_transfer
+    feed = DeviceFeed(train_source, sharding, epoch=0, steps_per_transfer=k)
     try:
         for epoch in range(config.epochs):
             totals = jax.device_put(_zero_sums(), replicated)
@@ -186,7 +200,7 @@ def train(
             feed.close()
             if epoch + 1 < config.epochs:
                 # Opened now, so its first batches load while this epoch is evaluated.
-                feed = DeviceFeed(train_source, sharding, epoch=epoch + 1)
+                feed = DeviceFeed(train_source, sharding, epoch=epoch + 1, steps_per_transfer=k)
             totals = _to_host(totals)
             seconds = time.perf_counter() - started
             metrics = {

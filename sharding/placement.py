@@ -70,16 +70,19 @@ def place_batch(batch: Mapping[str, np.ndarray], sharding: NamedSharding) -> dic
     """One host batch -> global `jax.Array`s sharded along the batch axis.
 
     Each process passes its own rows; the global batch is their concatenation
-    in process order (``global = local * process_count`` rows). Works the same
-    on one device, many devices and many hosts.
+    in process order (``global = local * process_count`` rows along the
+    sharded axis: axis 0, or axis 1 for `DeviceFeed`'s ``[k, B, ...]``
+    stacks). Works the same on one device, many devices and many hosts.
     """
     processes = jax.process_count()
     if processes == 1:
         # Global == local: one device_put of the whole batch is ~1.8x faster
         # than assembling each leaf from process-local data.
         return jax.device_put(dict(batch), sharding)
+    axis = next(i for i, name in enumerate(sharding.spec) if name is not None)
     placed = {}
     for key, value in batch.items():
-        global_shape = (value.shape[0] * processes, *value.shape[1:])
-        placed[key] = jax.make_array_from_process_local_data(sharding, value, global_shape)
+        global_shape = list(value.shape)
+        global_shape[axis] *= processes
+        placed[key] = jax.make_array_from_process_local_data(sharding, value, tuple(global_shape))
     return placed

@@ -21,7 +21,7 @@ def _source(batch_size=16, **kwargs):
 
 
 def _feed_threads() -> list[threading.Thread]:
-    return [t for t in threading.enumerate() if t.name.startswith("jaxfeed-prefetch")]
+    return [t for t in threading.enumerate() if t.name.startswith("jaxfeed-read")]
 
 
 def test_eight_cpu_devices_are_visible():
@@ -99,24 +99,63 @@ def test_check_batch_size_accepts_multiples():
     check_batch_size(24, batch_sharding(data_mesh()))
 
 
-def test_loader_errors_are_reraised_in_the_consumer():
-    class Broken:
-        batch_size, num_batches = 8, 3
-        element_spec = {"x": ArraySpec((8,), np.dtype(np.int32))}
+class _Broken:
+    """Three good batches, then the disk catches fire."""
 
-        def iter_epoch(self, epoch=0, *, start=0):
-            yield {"x": np.zeros(8, np.int32)}
-            raise OSError("disk on fire")
+    batch_size, num_batches = 8, 5
+    element_spec = {"x": ArraySpec((8,), np.dtype(np.int32))}
 
-    feed = DeviceFeed(Broken(), data_mesh())
-    assert next(feed)["x"].shape == (8,)
+    def iter_epoch(self, epoch=0, *, start=0):
+        for i in range(3):
+            yield {"x": np.full(8, i, np.int32)}
+        raise OSError("disk on fire")
+
+
+@pytest.mark.parametrize("options", [{}, {"device_buffer": 4}, {"host_buffer": 2}])
+def test_loader_errors_are_reraised_after_every_batch_read_before_them(options):
+    feed = DeviceFeed(_Broken(), data_mesh(), **options)
+    assert [int(next(feed)["x"][0]) for _ in range(3)] == [0, 1, 2]
     with pytest.raises(OSError, match="disk on fire"):
         next(feed)
-    feed.close()
+    assert next(feed, None) is None  # closed, not stuck
     assert not _feed_threads()
 
 
-def test_close_stops_a_producer_blocked_on_a_full_queue():
+@pytest.mark.parametrize("options", [{}, {"device_buffer": 3}, {"host_buffer": 3}])
+def test_every_feed_mode_gives_the_batches_of_a_plain_loop(options):
+    source = _source(batch_size=96)
+    with DeviceFeed(source, data_mesh(), epoch=2, start=1, **options) as feed:
+        got = [{k: np.asarray(v) for k, v in b.items()} for b in feed]
+    expected = list(source.iter_epoch(2, start=1))
+    assert len(got) == len(expected) == source.num_batches - 1
+    for a, b in zip(got, expected, strict=True):
+        assert a.keys() == b.keys()
+        for key in a:
+            np.testing.assert_array_equal(a[key], b[key])
+
+
+@pytest.mark.parametrize("host_buffer", [0, 2])
+def test_k_steps_per_transfer_stack_k_batches_sharded_on_the_batch_axis(host_buffer):
+    source = _source(batch_size=96)  # 4,000 rows: 42 batches, 42 = 4 * 10 + 2
+    mesh = data_mesh()
+    with DeviceFeed(source, mesh, steps_per_transfer=4, host_buffer=host_buffer) as feed:
+        stacks = list(feed)
+    assert [s["image"].shape[0] for s in stacks] == [4] * 10 + [2]
+    first = stacks[0]["image"]
+    assert first.shape == (4, 96, 28, 28, 1)
+    assert first.sharding.spec == PartitionSpec(None, "data")
+    assert {s.data.shape for s in first.addressable_shards} == {(4, 12, 28, 28, 1)}
+    expected = list(source.iter_epoch(0))
+    unstacked = [
+        {k: np.asarray(v[i]) for k, v in s.items()} for s in stacks for i in range(len(s["mask"]))
+    ]
+    assert len(unstacked) == len(expected) == 42
+    for a, b in zip(unstacked, expected, strict=True):
+        for key in b:
+            np.testing.assert_array_equal(a[key], b[key])
+
+
+def test_close_stops_a_reading_thread_blocked_on_a_full_queue():
     class Endless:
         batch_size, num_batches = 8, None
         element_spec = {"x": ArraySpec((8,), np.dtype(np.int32))}
@@ -126,13 +165,33 @@ def test_close_stops_a_producer_blocked_on_a_full_queue():
                 yield {"x": np.zeros(8, np.int32)}
 
     with DeviceFeed(Endless(), data_mesh(), host_buffer=2) as feed:
+        assert _feed_threads()
         next(feed)
         time.sleep(0.3)  # let the producer fill the queue and block
     assert not _feed_threads()
 
 
+def test_closing_a_feed_closes_the_loaders_epoch():
+    closed = []
+
+    class Tracked:
+        batch_size, num_batches = 8, 100
+        element_spec = {"x": ArraySpec((8,), np.dtype(np.int32))}
+
+        def iter_epoch(self, epoch=0, *, start=0):
+            try:
+                while True:
+                    yield {"x": np.zeros(8, np.int32)}
+            finally:
+                closed.append(epoch)
+
+    with DeviceFeed(Tracked(), data_mesh(), epoch=3) as feed:
+        next(feed)
+    assert closed == [3]
+
+
 def test_abandoned_feed_is_collected_and_its_thread_ends():
-    feed = DeviceFeed(_source(batch_size=8), data_mesh())
+    feed = DeviceFeed(_source(batch_size=8), data_mesh(), host_buffer=2)
     next(feed)
     del feed
     gc.collect()
@@ -161,9 +220,18 @@ def test_jitted_step_consumes_placed_batches():
         assert sum(int(total(b)) for b in feed) == expected
 
 
-def test_bad_buffer_sizes():
-    with pytest.raises(ValueError, match="host_buffer and device_buffer must be >= 1"):
-        DeviceFeed(_source(), data_mesh(), host_buffer=0)
+@pytest.mark.parametrize(
+    "option, value, message",
+    [
+        ("device_buffer", 0, "device_buffer must be an integer >= 1, got 0"),
+        ("host_buffer", -1, "host_buffer must be an integer >= 0, got -1"),
+        ("steps_per_transfer", 2.0, "steps_per_transfer must be an integer >= 1, got 2.0"),
+        ("steps_per_transfer", True, "steps_per_transfer must be an integer >= 1, got True"),
+    ],
+)
+def test_bad_feed_options_are_refused_by_name(option, value, message):
+    with pytest.raises(ValueError, match=message):
+        DeviceFeed(_source(), data_mesh(), **{option: value})
 
 
 def test_source_made_for_another_process_layout_is_refused():

@@ -71,3 +71,23 @@ def test_one_device_and_eight_devices_agree():
     one, eight = final(jax.devices()[:1]), final(jax.devices())
     assert one["test_accuracy"] == pytest.approx(eight["test_accuracy"], abs=1e-3)
     assert one["loss"] == pytest.approx(eight["loss"], rel=1e-4)
+
+
+@pytest.mark.parametrize("devices", [1, 8])
+def test_k_steps_per_transfer_train_exactly_like_one_step_per_transfer(devices):
+    # 4,000 rows in batches of 128: 32 steps, so k=3 ends on a stack of 2.
+    mesh = data_mesh(jax.devices()[:devices])
+    runs = {}
+    for k in (1, 3, 8):
+        params, history = train(
+            _make("train", 128),
+            None,
+            TrainConfig(epochs=2, seed=0, steps_per_transfer=k),
+            sharding=mesh,
+            progress=False,
+        )
+        runs[k] = (jax.tree.map(np.asarray, params), [m["loss"] for m in history])
+    for k in (3, 8):
+        assert runs[k][1] == runs[1][1]
+        for a, b in zip(jax.tree.leaves(runs[k][0]), jax.tree.leaves(runs[1][0]), strict=True):
+            np.testing.assert_array_equal(a, b)

@@ -1,0 +1,40 @@
+"""A feed left open must never abort the interpreter at exit (tf.data did)."""
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+_SCRIPT = """
+import loaders
+from sharding import DeviceFeed, data_mesh
+
+source = loaders.make({backend!r}, dataset="mnist-sample", batch_size=64)
+feed = DeviceFeed(source, data_mesh(), {options})
+for i, batch in enumerate(feed):
+    if i == 2:
+        {ending}
+print("left the loop", flush=True)
+"""
+
+
+@pytest.mark.parametrize("backend", ["tf", "numpy", "hf"])
+@pytest.mark.parametrize("options", ["", "host_buffer=2"])
+@pytest.mark.parametrize(
+    "ending, status", [("break", 0), ("raise SystemExit(3)", 3), ("raise ValueError('boom')", 1)]
+)
+def test_a_feed_left_open_exits_with_the_scripts_own_status(backend, options, ending, status, tmp_path):
+    script = _SCRIPT.format(backend=backend, options=options, ending=ending)
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(script)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert done.returncode == status, done.stderr[-2000:]
+    assert "terminate called" not in done.stderr
