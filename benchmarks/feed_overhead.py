@@ -6,11 +6,17 @@ For each backend and batch size, in one process, interleaved repeats (medians):
 * ``bare``: ``for b in source.iter_epoch(e): jax.device_put(b, sharding)``, the
   serial loop a user writes, waiting for the last transfer;
 * ``feed``: ``for b in DeviceFeed(source, sharding, epoch=e): pass``, waiting
-  for the last batch;
-* ``place``: ``place_batch`` alone on batches already in memory.
+  for the last batch (the default: reads on this thread, two batches per
+  ``device_put``);
+* ``feed_thread``: the same with ``host_buffer=4``, a background reading thread;
+* ``place``: ``place_batch`` alone on batches already in memory, one per call;
+* ``place_grouped``: ``jax.device_put`` of two such batches per call;
+* ``handoff``: batches already in memory passed from a thread to this one
+  through a ``queue.Queue`` (no JAX): the price of a thread wake-up and GIL
+  switch per batch.
 
-``feed / bare`` >= 1.0 means the prefetching feed is at least as fast as the
-serial loop. Run from the repository root::
+``feed / bare`` >= 1.0 means the feed is at least as fast as the serial loop.
+Run from the repository root::
 
     python3 benchmarks/feed_overhead.py --data-dir ../shared/data/mnist
 """
@@ -19,7 +25,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import queue
 import statistics
+import threading
 import time
 from pathlib import Path
 
@@ -51,9 +59,9 @@ def _measurements(source, sharding) -> dict:
             out = jax.device_put(batch, sharding)
         return out
 
-    def feed(epoch):
+    def feed(epoch, **options):
         out = None
-        with DeviceFeed(source, sharding, epoch=epoch) as batches:
+        with DeviceFeed(source, sharding, epoch=epoch, **options) as batches:
             for batch in batches:
                 out = batch
         return out
@@ -64,7 +72,33 @@ def _measurements(source, sharding) -> dict:
             out = place_batch(batch, sharding)
         return out
 
-    return {"loader": loader, "bare": bare, "feed": feed, "place": place}
+    def place_grouped(epoch):
+        out = None
+        for i in range(0, len(held), 2):
+            out = jax.device_put(held[i : i + 2], sharding)
+        return out
+
+    def handoff(epoch):
+        handed: queue.Queue = queue.Queue(maxsize=4)
+
+        def produce():
+            for batch in held:
+                handed.put(batch)
+            handed.put(None)
+
+        threading.Thread(target=produce, daemon=True).start()
+        while handed.get() is not None:
+            pass
+
+    return {
+        "loader": loader,
+        "place": place,
+        "place_grouped": place_grouped,
+        "handoff": handoff,
+        "bare": bare,
+        "feed": feed,
+        "feed_thread": lambda epoch: feed(epoch, host_buffer=4),
+    }
 
 
 def main() -> None:
@@ -107,9 +141,10 @@ def main() -> None:
             }
             results.append(row)
             print(
-                f"{name:6s} B={batch_size:5d}  loader {us['loader']:7.1f}  place "
-                f"{us['place']:6.1f}  bare {us['bare']:7.1f}  feed {us['feed']:7.1f} µs/batch"
-                f"  feed/bare speed {row['feed_vs_bare']:.2f}x",
+                f"{name:6s} B={batch_size:5d} µs/batch: loader {us['loader']:6.1f}  place "
+                f"{us['place']:6.1f} (grouped {us['place_grouped']:6.1f})  handoff "
+                f"{us['handoff']:6.1f} | bare {us['bare']:7.1f}  feed {us['feed']:7.1f}  "
+                f"feed_thread {us['feed_thread']:7.1f}  feed/bare {row['feed_vs_bare']:.2f}x",
                 flush=True,
             )
     out = Path(RESULTS) / f"feed-overhead-{args.tag}.json"

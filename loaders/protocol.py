@@ -35,7 +35,10 @@ class BatchSource(Protocol):
     * ``iter_epoch(epoch, start=...)``: the batches of one epoch, beginning
       at batch ``start`` (for resuming). For built-in sources, ``epoch`` and
       the seed fully define the order: calling it twice gives identical
-      batches, and different epochs are shuffled differently.
+      batches, and different epochs are shuffled differently. Built-in and
+      wrapped sources refuse, at the call, an ``epoch`` outside
+      ``[0, 2**32 - 1]`` or a ``start`` outside ``[0, num_batches]``; an epoch
+      with no batches at all is an error, never an empty iterator.
     """
 
     @property

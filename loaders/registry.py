@@ -11,7 +11,7 @@ from typing import Any
 
 from loaders.datasets import load_dataset
 from loaders.protocol import BatchSource
-from loaders.sampler import Sampler
+from loaders.sampler import Sampler, check_batch_size, check_seed
 
 
 @dataclasses.dataclass(frozen=True)
@@ -147,8 +147,10 @@ def make(
       A `BatchSource`.
 
     Raises:
-      ValueError: unknown backend, dataset or split; bad batch size.
-      TypeError: an option the backend does not take.
+      ValueError: unknown backend, dataset or split; a batch size below 1 or
+        larger than the split; a seed outside ``[0, 2**32 - 1]``.
+      TypeError: an option the backend does not take; a batch size or seed
+        that is not an int (numpy integers are fine; bools and floats are not).
       ImportError: the backend's package is missing.
 
     Example:
@@ -158,16 +160,22 @@ def make(
       ((32, 28, 28, 1), dtype('int32'))
     """
     spec = get(backend)
+    # Before the dataset loads (which may download): bad numbers fail at once.
+    check_batch_size(batch_size)
+    check_seed(seed)
     data = load_dataset(dataset, split, data_dir=data_dir)
-    sampler = Sampler(
-        num_examples=len(data),
-        batch_size=batch_size,
-        seed=seed,
-        shuffle=shuffle,
-        drop_remainder=drop_remainder,
-        process_index=process_index,
-        process_count=process_count,
-    )
+    try:
+        sampler = Sampler(
+            num_examples=len(data),
+            batch_size=batch_size,
+            seed=seed,
+            shuffle=shuffle,
+            drop_remainder=drop_remainder,
+            process_index=process_index,
+            process_count=process_count,
+        )
+    except ValueError as err:  # the sampler knows sizes, not names: say which split
+        raise ValueError(f"dataset {data.name.rsplit('/', 1)[0]}, {split} split: {err}") from None
     module = importlib.import_module(spec.module)
     unknown = sorted(set(backend_options) - set(module.OPTIONS))
     if unknown:

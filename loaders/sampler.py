@@ -15,6 +15,56 @@ from collections.abc import Iterator
 
 import numpy as np
 
+MAX_SEED = 2**32 - 1
+"""Seeds and epochs are 32-bit: every backend takes them as they are, and
+``jax.random.key`` (without x64) would fold a larger seed onto a smaller one."""
+
+
+def check_int(name: str, value: object, low: int, high: int | None = None, fix: str = "") -> int:
+    """``value`` as a Python int, if it is an int (a numpy integer, not a bool)
+    in ``[low, high]``.
+
+    Raises:
+      TypeError: not an int (the message names ``name`` and the value).
+      ValueError: out of range.
+    """
+    expected = f"an int >= {low}" if high is None else f"an int in [{low}, {high}]"
+    message = f"{name} must be {expected}, got {value!r}"
+    if isinstance(value, bool) or not isinstance(value, int | np.integer):
+        raise TypeError(f"{message} ({type(value).__name__}){fix}")
+    if value < low or (high is not None and value > high):
+        raise ValueError(message + fix)
+    return int(value)
+
+
+def check_batch_size(batch_size: object) -> int:
+    return check_int("batch_size", batch_size, 1)
+
+
+def check_seed(seed: object) -> int:
+    return check_int("seed", seed, 0, MAX_SEED, "; pick a seed in that 32-bit range")
+
+
+def check_position(epoch: object, start: object, num_batches: int | None) -> tuple[int, int]:
+    """``(epoch, start)`` as ints, if batch ``start`` of ``epoch`` can be read.
+
+    Every source checks its ``iter_epoch`` arguments here, so a bad epoch or a
+    start past the end fails the same way in every backend and order.
+    ``num_batches=None`` (an unknown length) leaves ``start`` unbounded.
+
+    Raises:
+      TypeError: not ints. ValueError: ``epoch`` outside ``[0, 2**32 - 1]``
+        or ``start`` outside ``[0, num_batches]``.
+    """
+    epoch = check_int("epoch", epoch, 0, MAX_SEED)
+    start = check_int("start", start, 0)
+    if num_batches is not None and start > num_batches:
+        raise ValueError(
+            f"start={start} is outside [0, {num_batches}], the batches of one epoch; "
+            f"resume with 0 <= start <= num_batches"
+        )
+    return epoch, start
+
 
 @dataclasses.dataclass(frozen=True)
 class Sampler:
@@ -30,8 +80,10 @@ class Sampler:
       process_count: number of processes sharing the epoch.
 
     Raises:
-      ValueError: on a non-positive batch size, a global batch larger than
-        the split, or an inconsistent process index/count.
+      TypeError: a batch size, seed or process number that is not an int.
+      ValueError: a batch size below 1, a seed outside ``[0, 2**32 - 1]``, a
+        global batch larger than the split, or an inconsistent process
+        index/count.
     """
 
     num_examples: int
@@ -43,13 +95,20 @@ class Sampler:
     process_count: int = 1
 
     def __post_init__(self) -> None:
+        # Normalised to Python ints: numpy integers are accepted, and a bool
+        # or a float is refused here rather than while slicing an epoch.
+        for name, value in (
+            ("batch_size", check_batch_size(self.batch_size)),
+            ("seed", check_seed(self.seed)),
+            ("process_index", check_int("process_index", self.process_index, 0)),
+            ("process_count", check_int("process_count", self.process_count, 1)),
+        ):
+            object.__setattr__(self, name, value)
         if self.process_count < 1 or not 0 <= self.process_index < self.process_count:
             raise ValueError(
                 f"process_index={self.process_index} is not in [0, process_count="
                 f"{self.process_count}); pass jax.process_index() and jax.process_count()"
             )
-        if self.batch_size <= 0:
-            raise ValueError(f"batch_size must be positive, got {self.batch_size}")
         if self.num_examples <= 0:
             raise ValueError(f"the split is empty (num_examples={self.num_examples})")
         if self.global_batch_size > self.num_examples:
@@ -71,6 +130,10 @@ class Sampler:
             return self.num_examples // self.global_batch_size
         return math.ceil(self.num_examples / self.global_batch_size)
 
+    def check_position(self, epoch: object, start: object) -> tuple[int, int]:
+        """`check_position` with this sampler's ``num_batches``."""
+        return check_position(epoch, start, self.num_batches)
+
     def epoch_seed(self, epoch: int) -> int:
         """A 32-bit seed for ``epoch``, derived from ``(seed, epoch)``, for a
         framework's own shuffle (``order="native"``): reproducible, and
@@ -91,8 +154,7 @@ class Sampler:
         a full static shape; entries past ``num_valid`` are padding (they
         repeat a valid index and must be masked out by the caller).
         """
-        if not 0 <= start <= self.num_batches:
-            raise ValueError(f"start={start} is outside [0, {self.num_batches}] batches")
+        epoch, start = self.check_position(epoch, start)
         perm = self.permutation(epoch)
         for step in range(start, self.num_batches):
             lo = step * self.global_batch_size + self.process_index * self.batch_size

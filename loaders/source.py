@@ -74,14 +74,21 @@ class SampledSource(abc.ABC):
         return spec
 
     def iter_epoch(self, epoch: int = 0, *, start: int = 0) -> Iterator[Batch]:
+        # Checked now, not at the first batch, and the same way in both orders.
+        epoch, start = self.sampler.check_position(epoch, start)
         if self.order == "native":
-            for batch in itertools.islice(self._native_batches(epoch), start, None):
-                yield self._finish(batch, len(batch["label"]))
-            return
+            return self._iter_native(epoch, start)
+        return self._iter_sampler(epoch, start)
+
+    def _iter_sampler(self, epoch: int, start: int) -> Iterator[Batch]:
         plan = list(self.sampler.epoch_plan(epoch, start))
         fetched = self._fetch([indices for indices, _ in plan])
         for (_, num_valid), batch in zip(plan, fetched, strict=True):
             yield self._finish(batch, num_valid)
+
+    def _iter_native(self, epoch: int, start: int) -> Iterator[Batch]:
+        for batch in itertools.islice(self._native_batches(epoch), start, None):
+            yield self._finish(batch, len(batch["label"]))
 
     def __iter__(self) -> Iterator[Batch]:
         return self.iter_epoch(0)

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from loaders.protocol import ArraySpec, Batch, BatchSource
+from loaders.sampler import check_batch_size, check_position
 from loaders.source import pad_rows
 from loaders.wrap_kinds import KINDS, Epochs
 
@@ -56,27 +57,50 @@ class WrappedSource:
         return dict(self._spec)
 
     def iter_epoch(self, epoch: int = 0, *, start: int = 0) -> Iterator[Batch]:
-        if start < 0:
-            raise ValueError(f"start must be >= 0, got {start}")
+        # Checked now, not at the first batch (a past-the-end start is caught
+        # only when the length is known).
+        epoch, start = check_position(epoch, start, self.num_batches)
+        return self._iter(epoch, start)
+
+    def _iter(self, epoch: int, start: int) -> Iterator[Batch]:
+        yielded, short_rows = 0, []
         for index, raw in enumerate(self._epochs.batches(epoch, start), start):
-            batch = self._finish(raw, f"batch {index} of epoch {epoch}")
-            if batch is not None:
+            batch, rows = self._finish(raw, f"batch {index} of epoch {epoch}")
+            if batch is None:
+                short_rows.append(rows)
+            else:
+                yielded += 1
                 yield batch
+        if yielded or start:
+            return
+        # An empty epoch would divide by zero in whatever averages over it.
+        if not short_rows:
+            raise ValueError(f"the wrapped {self.kind} yielded no batches in epoch {epoch}")
+        rows = (
+            f"its {short_rows[0]} rows are"
+            if len(short_rows) == 1
+            else f"each of its {len(short_rows)} batches (rows {short_rows[:8]}) is"
+        )
+        raise ValueError(
+            f"epoch {epoch} of the wrapped {self.kind} has no full batch: {rows} fewer "
+            f"than batch_size {self._batch_size}, and drop_remainder=True drops them; pass "
+            f"a smaller batch_size or drop_remainder=False"
+        )
 
     def _peek(self) -> None:
         batches = self.iter_epoch(0)
         try:
             next(batches)
-        except StopIteration:
-            raise ValueError(f"the wrapped {self.kind} yielded no batches") from None
         finally:
             batches.close()
 
-    def _finish(self, raw: Any, where: str) -> Batch | None:
-        """Flattens, converts, transforms, checks, pads; None: a dropped batch."""
+    def _finish(self, raw: Any, where: str) -> tuple[Batch | None, int]:
+        """Flattens, converts, transforms, checks, pads. Returns the batch
+        (None: dropped) and its rows before padding."""
         batch = _flatten(raw, self._keys)
         if self._transform is not None:
             batch = {k: _to_numpy(v) for k, v in self._transform(batch).items()}
+        batch = {k: _as_on_device(v, k, where) for k, v in batch.items()}
         rows = _rows(batch, where)
         if self._batch_size is None:
             self._batch_size = rows
@@ -88,7 +112,7 @@ class WrappedSource:
             )
         if rows < size:
             if self.drop_remainder:
-                return None
+                return None, rows
             batch = {k: pad_rows(v, size) for k, v in batch.items()}
         if not self.drop_remainder and "mask" not in batch:
             batch["mask"] = np.arange(size) < rows
@@ -97,7 +121,7 @@ class WrappedSource:
             self._spec = spec
         elif spec != self._spec:
             _raise_mismatch(self._spec, spec, where)
-        return batch
+        return batch, rows
 
     def __repr__(self) -> str:
         return (
@@ -169,6 +193,31 @@ def _to_numpy(value: Any) -> np.ndarray:
     return np.asarray(value)  # jax / tf tensors, Python lists, scalars
 
 
+def _as_on_device(array: np.ndarray, key: str, where: str) -> np.ndarray:
+    """``array`` in the dtype JAX gives it on a device, so ``element_spec``
+    tells the truth: 64-bit becomes 32-bit unless ``jax_enable_x64``.
+
+    Raises:
+      ValueError: an integer that would not fit (JAX would wrap it silently).
+    """
+    if array.dtype.kind not in "iufc" or array.dtype.itemsize < 8:
+        return array
+    import jax  # only for 64-bit leaves; JAX's own rule reads its x64 flag
+
+    dtype = np.dtype(jax.dtypes.canonicalize_dtype(array.dtype))
+    if dtype == array.dtype:
+        return array
+    if dtype.kind in "iu" and array.size:
+        info, low, high = np.iinfo(dtype), array.min(), array.max()
+        if low < info.min or high > info.max:
+            raise ValueError(
+                f"{where}: {key!r} holds {low}..{high}, which does not fit the {dtype} "
+                f"that JAX makes of {array.dtype} without x64; enable jax_enable_x64, or "
+                f"map the values into range with transform="
+            )
+    return array.astype(dtype)
+
+
 def _rows(batch: Batch, where: str) -> int:
     if not batch:
         raise ValueError(f"{where} is empty (no arrays)")
@@ -213,28 +262,31 @@ def wrap(
     returning an iterator of batches. Batches become flat numpy dicts (a tuple
     ``(x, y)`` becomes ``{"image": x, "label": y}``, nested keys join with "/");
     a short batch is padded and masked, or dropped with ``drop_remainder``.
+    64-bit leaves become 32-bit on the host, as JAX would make them on the
+    device (unless ``jax_enable_x64``), so ``element_spec`` is what the step
+    receives; an integer that does not fit is refused, not wrapped around.
 
     Args:
       obj: the loader.
-      batch_size: rows per batch; required for ``datasets`` objects and
-        unbatched tf.data, else the loader's or the first batch's.
+      batch_size: rows per batch (an int >= 1); required for ``datasets``
+        objects and unbatched tf.data, else the loader's or the first batch's.
       keys: names for the parts of tuple batches.
       drop_remainder: drop short batches instead of padding them.
       transform: applied to each flat numpy batch before the checks.
       **options: ``columns=[...]`` for ``datasets`` objects.
 
     Raises:
-      TypeError: an unsupported object or option. ValueError: bad arguments,
-        or (while iterating) a batch unlike the first, naming the key.
+      TypeError: an unsupported object or option; a non-int batch size.
+      ValueError: bad arguments; a loader known to have no batch in an epoch
+        (fewer rows than one batch, short batches dropped). While iterating:
+        a batch unlike the first, naming the key, or an epoch with no batch.
     """
     if all(hasattr(type(obj), name) for name in ("batch_size", "element_spec", "iter_epoch")):
         if batch_size is not None or keys is not None or transform or options or drop_remainder:
             raise TypeError(f"{type(obj).__name__} is already a BatchSource; wrap takes no options")
         return obj
     if batch_size is not None:
-        if not isinstance(batch_size, int | np.integer) or batch_size < 1:
-            raise ValueError(f"batch_size must be a positive int or None, got {batch_size!r}")
-        batch_size = int(batch_size)
+        batch_size = check_batch_size(batch_size)
     if isinstance(keys, str) or (keys is not None and not keys):
         raise ValueError(f"keys must be a sequence of names like ('image', 'label'), got {keys!r}")
     kind = next((k for k in KINDS if k.match(obj)), None)
@@ -252,6 +304,17 @@ def wrap(
             f"wrap() for a {kind.name} takes options {list(kind.options)}, got {unknown}"
         )
     epochs = kind.adapt(obj, batch_size, drop_remainder, **options)
+    if epochs.num_batches == 0:
+        size = batch_size or epochs.batch_size
+        if size is None:
+            raise ValueError(f"the wrapped {kind.name} is empty: it has no batches")
+        rows = "fewer rows" if epochs.num_rows is None else f"{epochs.num_rows} rows, fewer"
+        raise ValueError(
+            f"the wrapped {kind.name} has no batches in an epoch: {rows} than one batch "
+            f"of {size}, and short batches are dropped "
+            f"(drop_remainder=True or the loader's own drop_last); pass a smaller "
+            f"batch_size, or keep short batches"
+        )
     return WrappedSource(
         kind.name,
         epochs,

@@ -150,7 +150,7 @@ class DeviceFeed:
         *,
         epoch: int = 0,
         start: int = 0,
-        device_buffer: int = 2,
+        device_buffer: int = 4,
         host_buffer: int = 0,
         steps_per_transfer: int = 1,
     ):

@@ -133,7 +133,7 @@ def test_real_10k_digits_identical_across_backends(backend, mnist_dir):
 def test_bad_options_and_batch_sizes(backend):
     with pytest.raises(TypeError, match="no_such_option"):
         loaders.make(backend, **DATASET, no_such_option=1)
-    with pytest.raises(ValueError, match="batch_size must be positive"):
+    with pytest.raises(ValueError, match="batch_size must be an int >= 1, got 0"):
         loaders.make(backend, **DATASET, batch_size=0)
     with pytest.raises(ValueError, match="larger than the split's 4000 examples"):
         loaders.make(backend, **DATASET, batch_size=4001)
@@ -204,3 +204,22 @@ def test_available_reports_a_version_for_every_backend():
     for name, text in status.items():
         assert not text.startswith("unavailable"), (name, text)
         assert any(ch.isdigit() for ch in text)
+
+
+@pytest.mark.parametrize(
+    ("backend", "order"), [(b, "sampler") for b in BACKENDS] + [(b, "native") for b in NATIVE]
+)
+def test_bad_epoch_or_start_is_refused_at_the_call_in_either_order(backend, order):
+    options = {} if order == "sampler" else {"order": order}
+    source = loaders.make(backend, **DATASET, batch_size=1000, **options)
+    assert source.num_batches == 4
+    # No next(): the call itself refuses, the same way in both orders.
+    with pytest.raises(ValueError, match=r"epoch must be an int in \[0, 4294967295\], got -1"):
+        source.iter_epoch(-1)
+    with pytest.raises(TypeError, match=r"epoch must be an int .*, got 1\.0 \(float\)"):
+        source.iter_epoch(1.0)
+    with pytest.raises(ValueError, match=r"start=5 is outside \[0, 4\], the batches of one epoch"):
+        source.iter_epoch(0, start=5)
+    with pytest.raises(ValueError, match=r"start must be an int >= 0, got -1"):
+        source.iter_epoch(0, start=-1)
+    assert _epoch(source, np.int64(1), start=4) == []  # resuming at the end is fine

@@ -66,8 +66,8 @@ def test_process_slices_concatenate_to_the_single_process_global_batch(processes
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [
-        (dict(num_examples=10, batch_size=0), "batch_size must be positive, got 0"),
-        (dict(num_examples=10, batch_size=-3), "batch_size must be positive"),
+        (dict(num_examples=10, batch_size=0), r"batch_size must be an int >= 1, got 0"),
+        (dict(num_examples=10, batch_size=-3), r"batch_size must be an int >= 1, got -3"),
         (dict(num_examples=10, batch_size=11), "larger than the split's 10 examples"),
         (
             dict(num_examples=10, batch_size=4, process_count=3),
@@ -85,5 +85,5 @@ def test_bad_arguments_raise_clear_errors(kwargs, match):
 
 
 def test_start_out_of_range():
-    with pytest.raises(ValueError, match=r"start=9 is outside \[0, 3\]"):
+    with pytest.raises(ValueError, match=r"start=9 is outside \[0, 3\], the batches of one"):
         next(Sampler(10, 4).epoch_plan(0, start=9))
