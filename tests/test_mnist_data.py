@@ -12,7 +12,10 @@ import http.server
 import os
 import shutil
 import socket
+import subprocess
+import sys
 import threading
+import time
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -39,7 +42,8 @@ SERVED_FILES = (T10K_IMAGES, T10K_LABELS, TRAIN_LABELS)
 
 
 class _Handler(http.server.SimpleHTTPRequestHandler):
-    """Serves files; under /short/ it promises more bytes than it sends."""
+    """Serves files; under /short/ it promises more bytes than it sends, and
+    under /trickle/ it sends one byte every 5 s (no read ever times out)."""
 
     def do_GET(self) -> None:
         if self.path.startswith("/short/"):
@@ -48,6 +52,19 @@ class _Handler(http.server.SimpleHTTPRequestHandler):
             self.end_headers()
             self.wfile.write(b"\x1f\x8b" + bytes(100))
             self.close_connection = True
+            return
+        if self.path.startswith("/trickle/"):
+            self.send_response(200)
+            self.send_header("Content-Length", "100000")
+            self.end_headers()
+            self.close_connection = True
+            try:
+                for _ in range(100):  # 500 s at most: the client gives up long before
+                    self.wfile.write(b"\x1f")
+                    self.wfile.flush()
+                    time.sleep(5)
+            except OSError:  # the client hung up: expected
+                pass
             return
         super().do_GET()
 
@@ -184,7 +201,7 @@ def test_interrupted_download_leaves_no_file(
         download(T10K_LABELS, tmp_path, mirrors=[f"{server}/short/"])
     assert os.listdir(tmp_path) == []
 
-    def interrupted(url, out, filename, timeout):
+    def interrupted(url, out, filename, timeout, stop):
         out.write(b"partial")
         raise KeyboardInterrupt
 
@@ -259,12 +276,74 @@ def test_resolve_downloads_into_cache(
     assert len(ds) == 4000 and ds.labels[0] == sample_digits()[1][0]
 
 
-def test_mnist_downloads_test_split(server: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_trickling_mirror_fails_at_the_download_deadline(server: str, tmp_path: Path) -> None:
+    # In a subprocess with a hard timeout: were the deadline ignored, the
+    # 5 s-per-byte mirror would hold the download for hours, and this fails.
+    code = (
+        "from loaders import mnist\n"
+        "try:\n"
+        f"    mnist.download({T10K_LABELS!r}, {str(tmp_path)!r})\n"
+        "except mnist.MnistUnavailableError as err:\n"
+        "    print(err)\n"
+    )
+    env = {**os.environ, mnist.MIRRORS_ENV: f"{server}/trickle/", mnist.DEADLINE_ENV: "2"}
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert f"could not download {T10K_LABELS}" in done.stdout
+    assert f"{server}/trickle/{T10K_LABELS}: TimeoutError: {T10K_LABELS} did not finish " in (
+        done.stdout
+    )
+    assert "within the 2 s deadline from this mirror (set JAXFEED_DOWNLOAD_DEADLINE" in done.stdout
+    assert os.listdir(tmp_path) == []  # no .part file left behind
+
+
+@pytest.mark.parametrize("bad", ["0", "-1", "soon", "inf", "nan"])
+def test_bad_download_deadline(bad: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(mnist.DEADLINE_ENV, bad)
+    with pytest.raises(
+        ValueError,
+        match=rf"JAXFEED_DOWNLOAD_DEADLINE='{bad}' is not a positive, finite number of seconds",
+    ):
+        download(T10K_LABELS, tmp_path)
+    with pytest.raises(ValueError, match=r"deadline=0 is not a positive"):
+        download(T10K_LABELS, tmp_path, deadline=0)
+    assert mnist.deadline_from_env(1.5) == 1.5
+    monkeypatch.delenv(mnist.DEADLINE_ENV)
+    assert mnist.deadline_from_env() == mnist.DEFAULT_DEADLINE
+
+
+def test_a_mirror_with_only_the_test_files_gives_the_sample_for_both_splits(
+    server: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # good/ lacks the training images: full MNIST cannot be had, so neither
+    # split may be real MNIST while the other is the sample.
     monkeypatch.setenv(mnist.MIRRORS_ENV, f"{server}/good/")
+    for split, size in (("train", 4000), ("test", 1000)):
+        with pytest.warns(UserWarning, match="for BOTH splits") as record:
+            ds = load_dataset("mnist", split)
+        assert ds.name == f"mnist-sample/{split}" and len(ds) == size
+        message = str(record[0].message)
+        assert f"this is mnist-sample/{split}" in message and "4,000 train / 1,000 test" in message
+        assert f"{server}/good/{TRAIN_IMAGES}: HTTPError: HTTP Error 404" in message
+
+
+def test_a_complete_mirror_gives_full_mnist_for_both_splits(
+    mnist_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    www = tmp_path / "www"
+    shutil.copytree(mnist_dir, www)
+    # A stand-in for the 60k training images (not on this machine), one per label.
+    images = np.random.default_rng(1).integers(0, 256, (5000, 28, 28), dtype=np.uint8)
+    monkeypatch.setitem(mnist.CHECKSUMS, TRAIN_IMAGES, _md5(write_idx(www / TRAIN_IMAGES, images)))
+    monkeypatch.setenv(mnist.MIRRORS_ENV, www.as_uri())
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        ds = load_dataset("mnist", "test")
-    assert ds.name == "mnist/test" and len(ds) == 5000
+        train, test = load_dataset("mnist", "train"), load_dataset("mnist", "test")
+    assert (train.name, test.name) == ("mnist/train", "mnist/test")
+    np.testing.assert_array_equal(train.images[..., 0], images)
+    np.testing.assert_array_equal(test.labels, sample_digits()[1])
 
 
 @pytest.mark.parametrize(("split", "size"), [("train", 4000), ("test", 1000)])
