@@ -27,7 +27,9 @@ print("left the loop", flush=True)
 @pytest.mark.parametrize(
     "ending, status", [("break", 0), ("raise SystemExit(3)", 3), ("raise ValueError('boom')", 1)]
 )
-def test_a_feed_left_open_exits_with_the_scripts_own_status(backend, options, ending, status, tmp_path):
+def test_a_feed_left_open_exits_with_the_scripts_own_status(
+    backend, options, ending, status, tmp_path
+):
     script = _SCRIPT.format(backend=backend, options=options, ending=ending)
     done = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(script)],
