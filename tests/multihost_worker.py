@@ -3,12 +3,19 @@
 Usage: python multihost_worker.py COORDINATOR NUM_PROCESSES PROCESS_ID OUT_DIR BACKENDS
 Each process checks every global batch against the single-process order,
 records which samples it saw, trains one epoch, and writes OUT_DIR/process{I}.json.
+
+Or: python multihost_worker.py agree COORDINATOR NUM_PROCESSES PROCESS_ID SETTINGS [die]
+joins the job and runs sharding.check_agreement(SETTINGS, a JSON object), waiting
+AGREE_TIMEOUT s; with ``die`` this process kills itself (SIGKILL) instead, 1 s
+later, while the others wait in the check. Prints "agreed", or the error and exits 3.
 """
 
 import hashlib
 import json
 import os
+import signal
 import sys
+import time
 
 os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
 os.environ["JAX_PLATFORMS"] = "cpu"
@@ -21,8 +28,12 @@ from jax.experimental import multihost_utils
 import loaders
 import sharding
 from jaxfeed import TrainConfig, train
+from sharding.distributed import exit_now
 
 DATASET, LOCAL_BATCH, SEED = "mnist-sample", 24, 5
+# Well below the job's peer timeout, JAX's heartbeat timeout: the check reports a
+# dead peer before JAX's heartbeat does.
+AGREE_TIMEOUT = 3
 
 
 def digest(array: np.ndarray) -> str:
@@ -70,7 +81,26 @@ def check_backend(backend: str, mesh) -> dict:
     }
 
 
+def agree(coordinator: str, processes: str, me: str, settings: str, fault: str = "") -> None:
+    sharding.initialize(coordinator, int(processes), int(me))
+    if fault == "die":
+        time.sleep(1)  # the others are in check_agreement by now
+        os.kill(os.getpid(), signal.SIGKILL)
+    try:
+        sharding.check_agreement(json.loads(settings), timeout_s=AGREE_TIMEOUT)
+    except (ValueError, ConnectionError, TimeoutError) as err:
+        print(f"{type(err).__name__}: {err}", file=sys.stderr)
+        if isinstance(err, TimeoutError):
+            exit_now(3)  # like the CLI: a lost peer would hold up JAX's shutdown barrier
+        sys.exit(3)
+    print("agreed", flush=True)
+    jax.distributed.shutdown()
+
+
 def main() -> None:
+    if sys.argv[1] == "agree":
+        agree(*sys.argv[2:])
+        return
     coordinator, processes, me, out_dir, backends = sys.argv[1:6]
     sharding.initialize(coordinator, int(processes), int(me))
     mesh = sharding.data_mesh()

@@ -10,7 +10,7 @@ import warnings
 import pytest
 
 import loaders
-from jaxfeed.cli import main
+from jaxfeed.cli import build_parser, main
 
 HEADER = r"jaxfeed train: loader=\w+ dataset=\S+.* train=\d+ batches x \d+ devices=\d+ \(\w+\) "
 EPOCH = r"epoch \d+/\d+  loss \d+\.\d+  train_acc .* samples/s  data-wait .*%  .*s"
@@ -138,6 +138,55 @@ def test_argument_errors_exit_with_usage(args, capsys):
         main(["train", *args])
     assert exit_.value.code == 2
     assert "error" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("args", "match"),
+    [
+        (["--learning-rate", "nan"], r"--learning-rate: must be a finite number > 0, got 'nan'"),
+        (["--learning-rate", "inf"], r"--learning-rate: must be a finite number > 0, got 'inf'"),
+        (["--learning-rate", "-5"], r"--learning-rate: must be a finite number > 0, got '-5'"),
+        (["--learning-rate", "x"], r"--learning-rate: expected a number, got 'x'"),
+        (["--momentum", "10"], r"--momentum: must be in \[0, 1\), got '10'"),
+        (["--momentum", "nan"], r"--momentum: must be in \[0, 1\), got 'nan'"),
+        (["--momentum", "1"], r"--momentum: must be in \[0, 1\), got '1'"),
+        (["--seed", "-1"], r"--seed: must be in \[0, 4294967295\] \(32 bits.*got -1"),
+        (["--seed", str(2**64)], r"--seed: must be in \[0, 4294967295\].*got 18446744073709551616"),
+        (["--seed", "1.5"], r"--seed: expected an integer, got '1.5'"),
+        (["--peer-timeout", "0"], r"--peer-timeout: must be a number of seconds > 0, got '0'"),
+    ],
+)
+def test_bad_numbers_are_refused_before_any_work(args, match, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["train", *args])
+    assert exit_.value.code == 2
+    assert re.search(match, capsys.readouterr().err)
+
+
+def test_edge_values_are_accepted():
+    parser_args = ["train", "--momentum", "0", "--seed", str(2**32 - 1), "--learning-rate", "1e-9"]
+    args = build_parser().parse_args(parser_args)
+    assert (args.momentum, args.seed, args.learning_rate) == (0.0, 2**32 - 1, 1e-9)
+
+
+@pytest.mark.parametrize("command", ["train", "compare"])
+@pytest.mark.parametrize("where", ["under-a-file", "a-directory"])
+def test_unwritable_json_is_refused_before_training(tmp_path, capsys, command, where):
+    (tmp_path / "file").write_text("")
+    path = tmp_path / "file" / "metrics.json" if where == "under-a-file" else tmp_path
+    assert main([command, "--json", str(path)]) == 2
+    captured = capsys.readouterr()
+    assert captured.err.startswith(f"jaxfeed: error: --json {path} cannot be written (")
+    assert "pick a writable path" in captured.err
+    assert captured.out == ""  # nothing ran
+
+
+def test_json_in_a_new_directory_is_written(tmp_path, capsys):
+    out = tmp_path / "runs" / "new" / "metrics.json"
+    assert (
+        main(["train", "--epochs", "1", "--batch-size", "256", "--quiet", "--json", str(out)]) == 0
+    )
+    assert json.loads(out.read_text())["config"]["epochs"] == 1
 
 
 @pytest.mark.parametrize(

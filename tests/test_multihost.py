@@ -1,11 +1,20 @@
-"""Multi-host on loopback: 2 and 3 real JAX processes (2 CPU devices each), gloo."""
+"""Multi-host on loopback: 2 and 3 real JAX processes (2 CPU devices each), gloo.
+
+Also the faults of a job: processes that disagree, a peer that never starts,
+fails early, or dies before or during training. Every child has a hard
+timeout, so a regression fails, never hangs.
+"""
 
 import hashlib
 import json
 import os
+import re
+import shutil
+import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import jax
@@ -13,8 +22,12 @@ import numpy as np
 import pytest
 
 import loaders
+import sharding
 from jaxfeed import TrainConfig, train
+from loaders.idx import read_idx, write_idx
+from loaders.mnist import T10K_LABELS
 from sharding import data_mesh
+from sharding.agreement import _disagreements
 
 WORKER = Path(__file__).with_name("multihost_worker.py")
 REPO = WORKER.parents[1]
@@ -101,3 +114,171 @@ def test_multihost_epoch_and_training(processes, tmp_path):
         assert f"{multi['test_accuracy']:.4f}" == f"{single[0]['test_accuracy']:.4f}"
         assert multi["loss"] == pytest.approx(single[0]["loss"], rel=1e-5)
     assert np.isfinite(single[0]["loss"])
+
+
+# Faults. A short peer timeout keeps them quick (it is also JAX's heartbeat timeout, so
+# not too short on a busy machine); HARD_TIMEOUT only turns a hang into a failure.
+PEER_TIMEOUT, HARD_TIMEOUT = "10", 120
+
+
+def _start(args: list[str], log: Path, **env: str) -> subprocess.Popen:
+    with log.open("w") as out:
+        return subprocess.Popen(
+            [sys.executable, *args],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONPATH": str(REPO), "XLA_FLAGS": "", **env},
+        )
+
+
+def _cli(coordinator: str, processes: int, me: int, *args: str) -> list[str]:
+    job = ["--coordinator", coordinator, "--num-processes", str(processes)]
+    return ["-m", "jaxfeed", "train", "--quiet", *job, "--process-id", str(me), *args]
+
+
+def _finish(children: list[subprocess.Popen], logs: list[Path]) -> list[tuple[int, str]]:
+    """Each child's exit status and output; kills them all if one outlives HARD_TIMEOUT."""
+    try:
+        for child in children:
+            child.wait(timeout=HARD_TIMEOUT)
+    finally:
+        for child in children:
+            if child.poll() is None:
+                child.kill()
+                child.wait()
+    return [(c.returncode, log.read_text()) for c, log in zip(children, logs, strict=True)]
+
+
+def _cli_job(tmp_path: Path, *per_process: list[str] | None) -> list[tuple[int, str]]:
+    """``jaxfeed train`` as process i with ``per_process[i]`` (None: never started)."""
+    coordinator, n = f"127.0.0.1:{_free_port()}", len(per_process)
+    started = [(i, args) for i, args in enumerate(per_process) if args is not None]
+    logs = [tmp_path / f"process{i}.log" for i, _ in started]
+    children = [
+        _start(_cli(coordinator, n, i, "--peer-timeout", PEER_TIMEOUT, *args), log)
+        for (i, args), log in zip(started, logs, strict=True)
+    ]
+    return _finish(children, logs)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("flag", "values", "expected"),
+    [
+        ("--batch-size", ("64", "32"), "batch_size: process 0 has 64, process 1 has 32"),
+        ("--seed", ("0", "1"), "seed: process 0 has 0, process 1 has 1"),
+        (
+            "--learning-rate",
+            ("0.05", "0.1"),
+            "learning_rate: process 0 has 0.05, process 1 has 0.1",
+        ),
+    ],
+)
+def test_processes_that_disagree_refuse_to_train(tmp_path, flag, values, expected):
+    results = _cli_job(tmp_path, *[["--epochs", "1", flag, value] for value in values])
+    for status, output in results:
+        assert status == 2, output
+        assert f"jaxfeed: error: processes disagree on {expected}." in output, output
+        assert "epoch 1/1" not in output  # refused before the first step
+
+
+@pytest.mark.slow
+def test_processes_with_different_data_refuse_to_train(tmp_path, mnist_dir):
+    # The same dataset name and size on both, but one host's copy has other labels.
+    other = tmp_path / "other-copy"
+    shutil.copytree(mnist_dir, other)
+    write_idx(other / T10K_LABELS, (read_idx(other / T10K_LABELS) + 1) % 10)
+    common = ["--epochs", "1", "--dataset", "mnist-10k", "--data-dir"]
+    for status, output in _cli_job(tmp_path, [*common, str(mnist_dir)], [*common, str(other)]):
+        assert status == 2, output
+        assert re.search(
+            r"processes disagree on train_fingerprint: process 0 has \"\w+\", process 1 has "
+            r"\"\w+\"; on test_fingerprint: ",
+            output,
+        ), output
+        assert "train_examples" not in output  # what matches is not listed
+
+
+def test_disagreements_name_every_process_value():
+    settings = {0: {"seed": "0", "lr": "1"}, 1: {"seed": "7", "lr": "1"}, 2: {"seed": "0"}}
+    assert _disagreements(settings) == [
+        "seed: processes 0, 2 have 0, process 1 has 7",
+        "lr: processes 0, 1 have 1, process 2 has nothing",
+    ]
+
+
+def test_one_process_agrees_with_itself():
+    assert sharding.check_agreement({"seed": 1}) is None  # no job joined: nothing to compare
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("started", "expected"),
+    [
+        (0, r"process 0 waited 10 s at 127\.0\.0\.1:\d+ for the other processes; process 1 did "),
+        (1, r"process 1 waited 10 s for process 0, the coordinator at 127\.0\.0\.1:\d+, which "),
+    ],
+)
+def test_a_peer_that_never_starts_is_named(tmp_path, started, expected):
+    per_process = [None, None]
+    per_process[started] = ["--epochs", "1"]
+    ((status, output),) = _cli_job(tmp_path, *per_process)
+    assert status == 2, output
+    assert re.search("jaxfeed: error: " + expected, output), output
+    assert "another task died" not in output  # JAX's own, misleading abort did not come first
+
+
+@pytest.mark.slow
+def test_a_peer_that_fails_early_is_reported_by_the_others(tmp_path):
+    (status0, output0), (status1, output1) = _cli_job(
+        tmp_path, ["--epochs", "1"], ["--epochs", "1", "--loader", "nope"]
+    )
+    assert status1 == 2 and "jaxfeed: error: unknown backend 'nope'" in output1
+    assert status0 == 2, output0
+    assert "process 1 failed before training: ValueError: unknown backend 'nope'" in output0
+
+
+@pytest.mark.slow
+def test_a_peer_killed_during_the_agreement_is_named(tmp_path):
+    coordinator, settings = f"127.0.0.1:{_free_port()}", json.dumps({"seed": 0})
+    logs = [tmp_path / "process0.log", tmp_path / "process1.log"]
+    children = [
+        _start(
+            [str(WORKER), "agree", coordinator, "2", str(i), settings, *(["die"] * i)],
+            log,
+            JAXFEED_PEER_TIMEOUT=PEER_TIMEOUT,
+        )
+        for i, log in enumerate(logs)
+    ]
+    (status0, output0), (status1, _) = _finish(children, logs)
+    assert status1 == -signal.SIGKILL
+    assert status0 == 3, output0
+    assert "TimeoutError: process 0 waited 3 s for the settings of process 1" in output0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("killed", [0, 1])
+def test_a_peer_killed_during_training_stops_the_job(tmp_path, killed):
+    coordinator = f"127.0.0.1:{_free_port()}"
+    logs = [tmp_path / "process0.log", tmp_path / "process1.log"]
+    args = ["--epochs", "1000", "--batch-size", "32", "--peer-timeout", PEER_TIMEOUT]
+    children = [_start(_cli(coordinator, 2, i, *args), log) for i, log in enumerate(logs)]
+    try:
+        deadline = time.monotonic() + HARD_TIMEOUT
+        while not all("epoch 1/1000" in log.read_text() for log in logs):
+            assert time.monotonic() < deadline, "training did not start"
+            assert all(c.poll() is None for c in children), [log.read_text() for log in logs]
+            time.sleep(0.2)
+    except BaseException:
+        for child in children:
+            child.kill()
+        raise
+    finally:
+        children[killed].kill()
+        results = _finish(children, logs)
+    status, output = results[1 - killed]
+    assert status == 2, output
+    assert (
+        f"jaxfeed: error: process {1 - killed} lost its connection to another process during "
+        "training" in output
+    ), output

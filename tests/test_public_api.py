@@ -30,7 +30,9 @@ def test_public_names():
         [
             "DATA_AXIS",
             "DeviceFeed",
+            "announce_failure",
             "batch_sharding",
+            "check_agreement",
             "initialize",
             "data_mesh",
             "place_batch",
