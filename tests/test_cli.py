@@ -49,6 +49,18 @@ def test_train_prints_metrics_and_writes_json(tmp_path, capsys):
         assert 0 <= m["test_accuracy"] <= 1 and 0 <= m["data_wait_fraction"] <= 1
 
 
+def test_steps_per_transfer_trains_the_same_losses(tmp_path, capsys):
+    losses = {}
+    for k in ("1", "4"):
+        out = tmp_path / f"k{k}.json"
+        argv = ["train", "--epochs", "1", "--quiet", "--steps-per-transfer", k, "--json", str(out)]
+        assert main(argv) == 0
+        record = json.loads(out.read_text())
+        assert record["config"]["steps_per_transfer"] == int(k)
+        losses[k] = [m["loss"] for m in record["epochs"]]
+    assert losses["4"] == losses["1"]
+
+
 def test_backends_lists_every_backend(capsys):
     assert main(["backends"]) == 0
     printed = capsys.readouterr().out
