@@ -152,8 +152,10 @@ def main() -> None:
         source = loaders.make(
             "numpy", dataset=dataset, data_dir=args.data_dir, batch_size=batch_size
         )
-        held = _Held(list(source.iter_epoch(0)))
-        tiny = _Held(_tiny_batches(batch_size, source.num_batches))
+        # At least 64 steps (the epoch's batches, repeated), so k=8 is 8+ transfers.
+        batches = list(source.iter_epoch(0)) * -(-64 // source.num_batches)
+        held = _Held(batches)
+        tiny = _Held(_tiny_batches(batch_size, len(batches)))
         overhead = {k: _overhead_us(held, sharding, k, args.repeats) for k in (1, 8)}
         fixed = {k: _overhead_us(tiny, sharding, k, args.repeats) for k in (1, 8)}
         row = {
