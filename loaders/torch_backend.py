@@ -9,11 +9,17 @@ batches stay numpy arrays (no round trip through torch tensors).
 Workers (``num_workers > 0``) are started with ``multiprocessing_context=
 "spawn"``: forking a process that already runs JAX/XLA threads can deadlock.
 As with any spawn-based DataLoader, a script that iterates the loader at
-module top level needs an ``if __name__ == "__main__":`` guard.
+module top level needs an ``if __name__ == "__main__":`` guard. A worker
+that dies (killed, out of memory) is an error within a fraction of a
+second on any thread: see `iterate`, which ``loaders.wrap`` uses too.
 """
 
 from __future__ import annotations
 
+import multiprocessing
+import queue
+import signal
+import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -28,6 +34,9 @@ OPTIONS = ("order", "num_workers", "prefetch_factor", "persistent_workers")
 
 # Workers must not fork a process that runs JAX/XLA threads (deadlock).
 _WORKER_CONTEXT = "spawn"
+# How often a reader waiting for a batch checks that the workers still run.
+_POLL_SECONDS = 0.1
+_END = object()
 
 
 class ArrayTorchDataset(torch_data.Dataset):
@@ -94,7 +103,8 @@ class TorchSource(SampledSource):
         ``num_workers > 0``); the source then serves one epoch at a time.
 
     Raises:
-      ValueError: a negative ``num_workers``, or a worker option without workers.
+      ValueError: an option of the wrong type or range, or a worker option
+        without workers.
     """
 
     def __init__(
@@ -108,8 +118,9 @@ class TorchSource(SampledSource):
         persistent_workers: bool = False,
     ):
         super().__init__(dataset, sampler, order)
-        if num_workers < 0:
-            raise ValueError(f"num_workers must be >= 0, got {num_workers}")
+        _check_option("num_workers", num_workers, int, 0)
+        _check_option("prefetch_factor", prefetch_factor, int, 1)
+        _check_option("persistent_workers", persistent_workers, bool)
         if num_workers == 0 and (prefetch_factor is not None or persistent_workers):
             name = "prefetch_factor" if prefetch_factor is not None else "persistent_workers"
             raise ValueError(
@@ -178,10 +189,127 @@ class TorchSource(SampledSource):
         if shared:
             self._busy = True
         try:
-            yield from loader
+            yield from iterate(loader)
         finally:
             if shared:
                 self._busy = False
+
+
+def _check_option(name: str, value: Any, kind: type, minimum: int | None = None) -> None:
+    """Refuses a worker option of the wrong type, e.g. the string a mistyped
+    ``--loader-option num_workers=2x`` gives; None means torch's default."""
+    # bool is an int subclass: num_workers=True is a mistake, not 1.
+    if value is None or (type(value) is kind and (minimum is None or value >= minimum)):
+        return
+    want = f"an int >= {minimum}" if kind is int else f"a {kind.__name__}"
+    raise ValueError(f"the torch option {name} must be {want}, got {value!r}")
+
+
+def iterate(loader: torch_data.DataLoader) -> Iterator[Any]:
+    """Iterates ``loader``; a worker process that dies is a RuntimeError
+    within about ``_POLL_SECONDS``, whichever thread iterates.
+
+    torch notices a dead worker through a SIGCHLD handler it can install on
+    the main thread only, and otherwise by a 5 s check that never runs once
+    a worker was killed while sending a batch: the half-written batch stays
+    in the pipe and reading it blocks forever. So a helper thread reads the
+    batches, and this generator waits for them, watching the workers.
+    """
+    if loader.num_workers == 0:
+        yield from loader
+        return
+    batches = iter(loader)
+    workers = _worker_processes(batches)
+    if not workers:  # torch's internals changed: iterate unwatched (tests catch it)
+        yield from batches
+        return
+    results: queue.Queue = queue.Queue(maxsize=1)
+    stop = threading.Event()
+    reader = threading.Thread(
+        target=_read, args=(batches, results, stop), name="jaxfeed-torch-reader", daemon=True
+    )
+    del batches  # only the reader holds the iterator, so its end shuts the workers down
+    reader.start()
+    try:
+        while True:
+            try:
+                batch, error = results.get(timeout=_POLL_SECONDS)
+            except queue.Empty:
+                _check_workers(workers)
+                continue
+            if error is not None:
+                raise error
+            if batch is _END:
+                return
+            yield batch
+    except GeneratorExit:
+        # Closed early. Persistent workers serve the next epoch from the same
+        # iterator: let the reader finish its batch first, unless a worker has
+        # exited (a dead one can stick the reader for good).
+        stop.set()
+        while reader.is_alive() and all(w.exitcode is None for w in workers):
+            reader.join(_POLL_SECONDS)
+        raise
+    finally:
+        stop.set()  # on an error, including Ctrl-C, the reader is left to stop alone
+
+
+def _read(batches: Iterator[Any], results: queue.Queue, stop: threading.Event) -> None:
+    """Reader thread body: batches, then ``_END`` or the error, into ``results``."""
+    try:
+        for batch in batches:
+            if not _put(results, (batch, None), stop):
+                return
+        _put(results, (_END, None), stop)
+    except BaseException as error:  # re-raised by `iterate`
+        _put(results, (None, error), stop)
+
+
+def _put(
+    results: queue.Queue, item: tuple[Any, BaseException | None], stop: threading.Event
+) -> bool:
+    while not stop.is_set():
+        try:
+            results.put(item, timeout=_POLL_SECONDS)
+            return True
+        except queue.Full:
+            continue
+    return False
+
+
+def _worker_processes(batches: Iterator[Any]) -> list[multiprocessing.Process]:
+    """The worker processes behind a DataLoader iterator.
+
+    torch 2.13 has no public accessor: its multiprocessing iterator keeps
+    them in ``_workers``. An iterator without it yields [] (not watched).
+    """
+    return list(getattr(batches, "_workers", ()))
+
+
+def _check_workers(workers: Sequence[multiprocessing.Process]) -> None:
+    """Raises if a worker has died; exit code 0 is torch stopping it."""
+    for worker in workers:
+        code = worker.exitcode  # a waitpid(WNOHANG), which also reaps a dead one
+        if not code:
+            continue
+        hint = "see the worker's output above"
+        if code > 0:
+            how = f"exited with code {code}"
+        elif code == -signal.SIGKILL:
+            how = "was killed by signal SIGKILL"
+            hint = (
+                "SIGKILL often means the system ran out of memory (see `dmesg`): "
+                "try fewer num_workers or a smaller prefetch_factor"
+            )
+        else:
+            try:
+                how = f"was killed by signal {signal.Signals(-code).name}"
+            except ValueError:
+                how = f"was killed by signal {-code}"
+        raise RuntimeError(
+            f"DataLoader worker (pid {worker.pid}) {how} while batches were being read, "
+            f"so this epoch cannot complete; {hint}"
+        )
 
 
 def build(dataset: ArrayDataset, sampler: Sampler, **options: Any) -> TorchSource:

@@ -24,11 +24,13 @@ class Epochs:
         beginning at batch ``start``.
       num_batches: batches per epoch after ``drop_remainder``; None if unknown.
       batch_size: rows of a full batch when the loader says; None: first batch.
+      num_rows: rows per epoch when known (for error messages); else None.
     """
 
     batches: Callable[[int, int], Iterator[Any]]
     num_batches: int | None = None
     batch_size: int | None = None
+    num_rows: int | None = None
 
 
 def _len(obj: Any) -> int | None:
@@ -55,9 +57,12 @@ def _torch(loader: Any, batch_size: int | None, drop_remainder: bool, **_: Any) 
     setters = {id(c): c.set_epoch for c in candidates if callable(getattr(c, "set_epoch", None))}
 
     def batches(epoch: int, start: int) -> Iterator[Any]:
+        from loaders.torch_backend import iterate  # imports torch, which the user has
+
         for set_epoch in setters.values():
             set_epoch(epoch)
-        return itertools.islice(loader, start, None)
+        # `iterate` turns a dead worker into an error on any thread, not a hang.
+        return itertools.islice(iterate(loader), start, None)
 
     return Epochs(batches, num, native)
 
@@ -80,11 +85,13 @@ def _leaves(tree: Any) -> Iterator[Any]:
 
 def _tf(dataset: Any, batch_size: int | None, drop_remainder: bool, **_: Any) -> Epochs:
     dims = {_tf_leading_dim(spec) for spec in _leaves(dataset.element_spec)}
+    rows = None
     if dims == {None}:  # .batch(n): the last batch may be short
         native, full = None, False
     elif len(dims) == 1 and 0 not in dims and batch_size in (None, *dims):
         (native,), full = dims, True  # .batch(n, drop_remainder=True)
     elif batch_size is not None:
+        rows = int(dataset.cardinality())
         dataset = dataset.batch(batch_size, drop_remainder=drop_remainder)
         native, full = batch_size, drop_remainder
     else:
@@ -98,7 +105,7 @@ def _tf(dataset: Any, batch_size: int | None, drop_remainder: bool, **_: Any) ->
     def batches(epoch: int, start: int) -> Iterator[Any]:
         return (dataset.skip(start) if start else dataset).as_numpy_iterator()
 
-    return Epochs(batches, num, native)
+    return Epochs(batches, num, native, rows if rows is not None and rows >= 0 else None)
 
 
 def _grain(dataset: Any, batch_size: int | None, drop_remainder: bool, **_: Any) -> Epochs:
@@ -127,7 +134,7 @@ def _hf_table(
     def batches(epoch: int, start: int) -> Iterator[Any]:
         return (dataset[i * batch_size : (i + 1) * batch_size] for i in range(start, num))
 
-    return Epochs(batches, num, batch_size)
+    return Epochs(batches, num, batch_size, rows)
 
 
 def _hf_stream(

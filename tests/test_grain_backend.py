@@ -2,6 +2,7 @@
 
 import itertools
 import multiprocessing
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -88,6 +89,11 @@ def test_options_are_checked():
         loaders.make("grain", dataset="mnist-sample", source="parquet")
     with pytest.raises(ValueError, match="num_workers must be an int >= 0, got -1"):
         loaders.make("grain", dataset="mnist-sample", num_workers=-1)
+    # What `--loader-option num_workers=junk` passes: a string.
+    with pytest.raises(ValueError, match="num_workers must be an int >= 0, got 'junk'"):
+        loaders.make("grain", dataset="mnist-sample", num_workers="junk")
+    with pytest.raises(ValueError, match=re.escape("num_threads must be an int >= 0, got 1.5")):
+        loaders.make("grain", dataset="mnist-sample", num_threads=1.5)
 
 
 def _children() -> set[int]:

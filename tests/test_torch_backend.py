@@ -1,6 +1,10 @@
 """Quirks of the torch backend (the shared contract suite covers the rest)."""
 
 import faulthandler
+import multiprocessing
+import os
+import re
+import signal
 
 import numpy as np
 import pytest
@@ -83,10 +87,26 @@ def test_options_are_checked():
         make("torch", dataset="mnist-sample", prefetch_factor=2)
     with pytest.raises(ValueError, match="persistent_workers needs worker processes"):
         make("torch", dataset="mnist-sample", persistent_workers=True)
-    with pytest.raises(ValueError, match="num_workers must be >= 0, got -1"):
-        make("torch", dataset="mnist-sample", num_workers=-1)
     with pytest.raises(ValueError, match="order must be one of"):
         make("torch", dataset="mnist-sample", order="random")
+
+
+@pytest.mark.parametrize(
+    "option, value, message",
+    [
+        # What `--loader-option num_workers=junk` passes: a string.
+        ("num_workers", "junk", "num_workers must be an int >= 0, got 'junk'"),
+        ("num_workers", -1, "num_workers must be an int >= 0, got -1"),
+        ("num_workers", True, "num_workers must be an int >= 0, got True"),
+        ("num_workers", 2.0, "num_workers must be an int >= 0, got 2.0"),
+        ("prefetch_factor", 0, "prefetch_factor must be an int >= 1, got 0"),
+        ("persistent_workers", "yes", "persistent_workers must be a bool, got 'yes'"),
+    ],
+)
+def test_worker_options_of_the_wrong_type_are_refused(option, value, message):
+    options = {"num_workers": 2, option: value}
+    with pytest.raises(ValueError, match=re.escape(f"the torch option {message}")):
+        loaders.make("torch", dataset="mnist-sample", **options)
 
 
 def test_in_process_epochs_can_interleave():
@@ -109,3 +129,36 @@ def test_persistent_workers_serve_one_epoch_at_a_time(deadlock_guard):
         [list(source.iter_epoch(1))],
         [list(loaders.make("numpy", dataset="mnist-sample", batch_size=BATCH).iter_epoch(1))],
     )
+
+
+def test_worker_errors_reach_the_consumer_in_order(deadlock_guard):
+    import torch
+
+    data = loaders.make("numpy", dataset="mnist-sample").dataset
+    loader = torch.utils.data.DataLoader(
+        torch_backend.ArrayTorchDataset(data.images, data.labels),
+        batch_sampler=[[0, 1], [4000]],  # the second batch reads past the 4,000 rows
+        num_workers=1,
+        multiprocessing_context="spawn",
+        collate_fn=torch_backend._keep_batch,
+    )
+    batches = torch_backend.iterate(loader)
+    np.testing.assert_array_equal(next(batches)["label"], data.labels[:2])
+    with pytest.raises(IndexError, match="Caught IndexError in DataLoader worker process 0"):
+        next(batches)
+
+
+@pytest.mark.parametrize(
+    "target, args, how",
+    [
+        (os._exit, (3,), "exited with code 3"),
+        (signal.raise_signal, (signal.SIGTERM,), "was killed by signal SIGTERM"),
+    ],
+    ids=["exit-code", "signal"],
+)
+def test_a_dead_worker_is_named_with_how_it_ended(target, args, how):
+    worker = multiprocessing.get_context("spawn").Process(target=target, args=args)
+    worker.start()
+    worker.join()
+    with pytest.raises(RuntimeError, match=re.escape(f"worker (pid {worker.pid}) {how} while")):
+        torch_backend._check_workers([worker])
