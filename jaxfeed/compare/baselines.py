@@ -16,6 +16,7 @@ import dataclasses
 import importlib.util
 import itertools
 from collections.abc import Callable, Iterator, Mapping
+from typing import Any
 
 import jax
 import numpy as np
@@ -36,6 +37,9 @@ class Baseline:
       batches: ``batches(epoch)`` yields host batches ``{"image", "label"}``.
       placed: ``placed(epoch)`` yields device batches; default ``jax.device_put``
         of every host batch.
+      obj: the framework's own loader object the loop iterates (a torch
+        ``DataLoader``, a ``tf.data.Dataset``, ...), for rows that hand the
+        same object to `loaders.wrap` or Keras; None for the ceiling.
     """
 
     name: str
@@ -43,6 +47,7 @@ class Baseline:
     description: str
     batches: EpochFn
     placed: Callable[[int], Iterator[dict[str, jax.Array]]] | None = None
+    obj: Any = None
 
     def device_batches(self, epoch: int) -> Iterator[dict[str, jax.Array]]:
         if self.placed is not None:
@@ -123,6 +128,7 @@ def _torch(images: np.ndarray, labels: np.ndarray, batch_size: int, seed: int) -
         "torch",
         "DataLoader(map-style Dataset, per-sample __getitem__, shuffle=True, default collate)",
         batches,
+        obj=loader,
     )
 
 
@@ -146,6 +152,7 @@ def _tf(images: np.ndarray, labels: np.ndarray, batch_size: int, seed: int) -> B
         "tf",
         "from_tensor_slices((x, y)).shuffle(N, seed).batch(B).prefetch(AUTOTUNE)",
         batches,
+        obj=ds,
     )
 
 
@@ -186,6 +193,7 @@ def _grain(images: np.ndarray, labels: np.ndarray, batch_size: int, seed: int) -
             "grain",
             "grain.DataLoader(per-record source, IndexSampler(shuffle), Batch(B), worker_count=0)",
             lambda epoch: iter(loader),
+            obj=loader,
         ),
         Baseline(
             "grain-mapdataset",
@@ -194,6 +202,7 @@ def _grain(images: np.ndarray, labels: np.ndarray, batch_size: int, seed: int) -
             " + grain.experimental.device_put",
             lambda epoch: iter(iter_dataset),
             map_placed,
+            obj=iter_dataset,
         ),
     ]
 
@@ -222,6 +231,7 @@ def _hf(images: np.ndarray, labels: np.ndarray, batch_size: int, seed: int) -> B
         'Dataset.from_dict(arrays, Array3D features).with_format("numpy")'
         ".iter(batch_size=B), dataset order",
         batches,
+        obj=ds,
     )
 
 

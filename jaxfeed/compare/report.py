@@ -14,11 +14,14 @@ from typing import Any
 import numpy as np
 
 
-def ratios_and_targets(backends: dict, rows: dict) -> tuple[dict, list[dict]]:
+def ratios_and_targets(
+    backends: dict, rows: dict, wrapped: dict | None = None
+) -> tuple[dict, list[dict]]:
     """Ratios of medians, and jaxfeed's performance targets checked against them.
 
     Args:
-      backends, rows: the ``backends`` and ``baselines`` entries of a result.
+      backends, rows, wrapped: the ``backends``, ``baselines`` and ``wrapped``
+        entries of a result.
 
     Returns:
       ``(ratios, targets)``: ratios by kind then row; one dict per target
@@ -104,7 +107,53 @@ def ratios_and_targets(backends: dict, rows: dict) -> tuple[dict, list[dict]]:
                     meaning=f"the {name} adapter's batched reads are less than 5x faster than "
                     f"the {tut} tutorial's per-record reads",
                 )
+    if wrapped:
+        ratios["wrap"] = _wrap_ratios(wrapped, rows, check)
     return ratios, targets
+
+
+def _wrap_ratios(wrapped: dict, rows: dict, check: Callable) -> dict[str, dict]:
+    """Per wrap row: its object bare vs through wrap(), and jaxfeed vs Keras fit."""
+    out: dict[str, dict] = {}
+    for name, row in wrapped.items():
+        if row["kind"] != "wrap" or row["bare"] not in rows:
+            continue
+        med, bare = row["median"], rows[row["bare"]]["median"]
+        figures = {
+            "bare": row["bare"],
+            "bare_loader_samples_per_s": bare["loader_samples_per_s"],
+            "wrap_loader_samples_per_s": med["loader_samples_per_s"],
+            # Extra time per sample that wrap() adds over iterating the object bare.
+            "wrap_overhead": bare["loader_samples_per_s"] / med["loader_samples_per_s"] - 1,
+            "jaxfeed_epoch_s": med.get("epoch_s"),
+        }
+        check(
+            "wrap adds <= 5% over the bare loop",
+            name,
+            figures["wrap_overhead"],
+            0.05,
+            at_most=True,
+            meaning=f"reading the {row['bare']} object through wrap() takes over 5% longer "
+            "than iterating it bare",
+        )
+        keras = wrapped.get(f"keras-fit-{row['framework']}", {}).get("median", {})
+        if "epoch_s" in keras and figures["jaxfeed_epoch_s"] is not None:
+            figures["keras_epoch_s"] = keras["epoch_s"]
+            figures["jaxfeed_vs_keras_epoch"] = figures["jaxfeed_epoch_s"] / keras["epoch_s"]
+            if "epoch_cpu_s" in med and "epoch_cpu_s" in keras:
+                figures["jaxfeed_vs_keras_cpu"] = med["epoch_cpu_s"] / keras["epoch_cpu_s"]
+            check(
+                "jaxfeed epoch on a wrapped loader <= Keras fit epoch",
+                name,
+                figures["jaxfeed_vs_keras_epoch"],
+                1.0,
+                at_most=True,
+                meaning="jaxfeed.train on wrap(obj) takes longer per epoch than Keras "
+                "model.fit(obj) with the same MLP and optimiser: on this loader, moving "
+                "from Keras to jaxfeed would slow training down",
+            )
+        out[name] = figures
+    return out
 
 
 def _table(title: str, columns: list[tuple[str, Callable]], rows: dict[str, dict]) -> str:
@@ -138,10 +187,40 @@ def _load(machine: dict[str, Any], when: str) -> str:
     return "/".join(f"{x:.1f}" for x in load) if load else "unknown"
 
 
+def _wrap_table(wrap: dict[str, dict], epochs: str) -> str:
+    if not wrap:
+        return ""
+
+    def fig(key: str, spec: str, scale: float = 1.0) -> Callable:
+        return lambda n, r: "-" if r.get(key) is None else format(r[key] * scale, spec)
+
+    return _table(
+        "Wrapped loaders: your own loader object (each tutorial row's), iterated bare vs "
+        "through wrap() (the same reads, so wrap() can only add time; but a HF Dataset, "
+        "which wrap() reads in whole-batch slices, not by Dataset.iter), and trained by "
+        "jaxfeed.train on wrap(obj) vs Keras 3 model.fit(obj) (same MLP and optimiser, one "
+        f"device each, each run in a fresh process; epoch: {epochs}). cpu: the ratio of "
+        "process CPU seconds per epoch (all threads), which other work on the machine "
+        "sways less than wall time",
+        [
+            ("wrap row", lambda n, r: n),
+            ("bare row", lambda n, r: r["bare"]),
+            ("bare samples/s", fig("bare_loader_samples_per_s", ",.0f")),
+            ("wrap samples/s", fig("wrap_loader_samples_per_s", ",.0f")),
+            ("wrap overhead %", fig("wrap_overhead", "+.1f", 100)),
+            ("jaxfeed epoch s", fig("jaxfeed_epoch_s", ".3f")),
+            ("keras fit epoch s", fig("keras_epoch_s", ".3f")),
+            ("jaxfeed / keras", fig("jaxfeed_vs_keras_epoch", ".2f")),
+            ("cpu: jaxfeed / keras", fig("jaxfeed_vs_keras_cpu", ".2f")),
+        ],
+        wrap,
+    )
+
+
 def format_report(result: dict[str, Any]) -> str:
     """The result as plain-text tables for a terminal."""
     cfg, data, ratios, machine = (result[k] for k in ("config", "dataset", "ratios", "machine"))
-    rows = {**result["backends"], **result["baselines"]}
+    rows = {**result["backends"], **result["baselines"], **result.get("wrapped", {})}
     slow, vs_mem = ratios["slowdown_vs_fastest"], ratios.get("epoch_time_vs_in_memory", {})
     pairs = {
         f"{name} / {tut}": {"median": r}
@@ -149,6 +228,11 @@ def format_report(result: dict[str, Any]) -> str:
         for tut, r in tuts.items()
     }
     limit = f", at most {cfg['max_batches']} batches each" if cfg["max_batches"] else ""
+    epochs = (
+        "median of epochs 2.., as epoch 1 compiles"
+        if cfg["train_epochs"] > 1
+        else "epoch 1, compiling included"
+    )
     out = [
         f"jaxfeed compare: {data['name']} ({data['train_examples']} train / "
         f"{data['test_examples']} test examples), batch {cfg['batch_size']}, seed "
@@ -158,7 +242,7 @@ def format_report(result: dict[str, Any]) -> str:
         f"(1/5/15 min) {_load(machine, 'start')} at the start, {_load(machine, 'end')} at the end",
         "",
         _table(
-            "Throughput. loader: the loader alone; feed: + DeviceFeed (backends) or "
+            "Throughput. loader: the loader alone; feed: + DeviceFeed (backends, wrap rows) or "
             "+ jax.device_put per batch (baselines), last batch awaited",
             [
                 ("name", lambda n, r: n),
@@ -172,7 +256,9 @@ def format_report(result: dict[str, Any]) -> str:
             rows,
         ),
         _table(
-            "Adapter vs its framework's tutorial loop (throughput ratios)",
+            "Adapter vs its framework's tutorial loop (throughput ratios of jaxfeed's built-in "
+            "backend, batched reads, over the per-sample tutorial loop: a different reader of "
+            "the same arrays, not wrap(): see the next table)",
             [
                 ("backend / tutorial", lambda n, r: n),
                 ("loader", _fig("loader", ",.1f")),
@@ -180,19 +266,15 @@ def format_report(result: dict[str, Any]) -> str:
             ],
             pairs,
         ),
+        _wrap_table(ratios.get("wrap", {}), epochs),
         _table(
             f"Training, {cfg['train_epochs']} epoch(s) per repeat (epoch time, data wait: "
-            + (
-                "median of epochs 2.., as epoch 1 compiles"
-                if cfg["train_epochs"] > 1
-                else "epoch 1, compiling included"
-            )
-            + "; test accuracy after the last epoch)",
+            f"{epochs}; test accuracy after the last epoch)",
             [
                 ("name", lambda n, r: n),
                 ("epoch s", _fig("epoch_s", ".3f")),
                 ("vs in-memory", lambda n, r: f"{vs_mem[n]:.3f}x" if n in vs_mem else "-"),
-                ("data wait %", _fig("data_wait_fraction", ".2f", 100)),
+                ("data wait %", lambda n, r: _fig("data_wait_fraction", ".2f", 100)(n, r) or "-"),
                 ("test acc", _fig("test_accuracy", ".4f")),
             ],
             rows,

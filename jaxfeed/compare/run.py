@@ -29,8 +29,9 @@ import numpy as np
 from tqdm import tqdm  # not tqdm.auto: it warns in Jupyter without ipywidgets
 
 import loaders
-from jaxfeed.compare import baselines
+from jaxfeed.compare import baselines, wrapped
 from jaxfeed.compare.report import ratios_and_targets
+from jaxfeed.compare.rows import Limited, Row
 from jaxfeed.train import TrainConfig, train
 from loaders.cache import CACHE_ENV
 from sharding import DeviceFeed
@@ -62,35 +63,8 @@ class CompareConfig:
     train_epochs: int = 2
     max_batches: int | None = None
     baselines: bool = True
-
-
-class _Limited:
-    """A `BatchSource` limited to the first ``limit`` batches of each epoch."""
-
-    def __init__(self, source: loaders.BatchSource, limit: int | None):
-        self.source, self.limit = source, limit
-        self.batch_size, self.element_spec = source.batch_size, source.element_spec
-        n = source.num_batches
-        self.num_batches = n if limit is None or n is None else min(n, limit)
-
-    def iter_epoch(self, epoch: int = 0, *, start: int = 0) -> Iterator[loaders.Batch]:
-        return itertools.islice(self.source.iter_epoch(epoch, start=start), self.limit)
-
-
-@dataclasses.dataclass
-class _Row:
-    """One backend or baseline: how to run each measurement, and what it gave."""
-
-    name: str
-    kind: str  # "backend" or "baseline"
-    framework: str | None
-    description: str
-    host: Callable[[int], Iterator[Any]]
-    device: Callable[[int], Iterator[Any]]
-    training: tuple[Any, Any] | None = None  # (train source, test source)
-    first_batch: Callable[[], Any] | None = None  # makes a fresh source
-    runs: list[dict[str, Any]] = dataclasses.field(default_factory=list)
-    memory: dict[str, float] = dataclasses.field(default_factory=dict)
+    wrap: bool = True
+    keras: bool = True
 
 
 def _drain(batches: Iterator[Any], limit: int | None, cap: int) -> tuple[float, int, int]:
@@ -173,24 +147,24 @@ class _Memory:
         figures["peak_increase_mb"] = increase
 
 
-def _build_rows(config: CompareConfig, mesh: jax.sharding.Mesh, memory: _Memory) -> list[_Row]:
+def _build_rows(config: CompareConfig, mesh: jax.sharding.Mesh, memory: _Memory) -> list[Row]:
     common = dict(
         dataset=config.dataset,
         data_dir=config.data_dir,
         batch_size=config.batch_size,
         seed=config.seed,
     )
-    rows: list[_Row] = []
+    rows: list[Row] = []
     for name in config.backends:
-        row = _Row(name, "backend", name, loaders.BACKENDS[name].description, None, None)
+        row = Row(name, "backend", name, loaders.BACKENDS[name].description, None, None)
         with memory.track(row.memory):
             train_src = loaders.make(name, split="train", **common)
             test_src = loaders.make(name, split="test", shuffle=False, **common)
         row.host = train_src.iter_epoch
         row.device = lambda e, s=train_src: DeviceFeed(s, mesh, epoch=e)
         row.training = (
-            _Limited(train_src, config.max_batches),
-            _Limited(test_src, config.max_batches),
+            Limited(train_src, config.max_batches),
+            Limited(test_src, config.max_batches),
         )
         row.first_batch = lambda name=name: loaders.make(name, split="train", **common)
         rows.append(row)
@@ -214,7 +188,7 @@ def _build_rows(config: CompareConfig, mesh: jax.sharding.Mesh, memory: _Memory)
             )
         loops += [(loop, dict(built)) for loop in made]
     for loop, built in loops:
-        row = _Row(
+        row = Row(
             loop.name,
             "baseline",
             loop.framework,
@@ -226,15 +200,36 @@ def _build_rows(config: CompareConfig, mesh: jax.sharding.Mesh, memory: _Memory)
         if loop.name == "in-memory":
             row.training = (ceiling, test)
         rows.append(row)
+    if not config.wrap:
+        return rows
+    extra = wrapped.rows(
+        [loop for loop, _ in loops],
+        mesh=mesh,
+        keras=config.keras,
+        track=memory.track,
+        dataset=config.dataset,
+        data_dir=config.data_dir,
+        batch_size=config.batch_size,
+        seed=config.seed,
+    )
+    for row in extra:
+        # Right after the rows on the same object, so the two are measured
+        # back to back: measured after every other framework's loops instead,
+        # wrap-torch read 1.4-1.75x slower than its bare loop, against
+        # 1.03-1.09x back to back or in a process of its own.
+        at = max(i for i, r in enumerate(rows) if row.bare in (r.name, r.bare))
+        rows.insert(at + 1, row)
     return rows
 
 
-def _measure(row: _Row, metric: str, config: CompareConfig, epoch: int, n: int, mesh) -> dict:
+def _measure(row: Row, metric: str, config: CompareConfig, epoch: int, n: int, mesh) -> dict:
     limit = config.max_batches
     if metric == "loader":
         return _rate("loader", *_drain(row.host(epoch), limit, n))
     if metric == "feed":
         return _rate("feed", *_drain(row.device(epoch), limit, n))
+    if metric == "train" and row.fit is not None:
+        return row.fit(config.train_epochs, limit)
     if metric == "train":
         _, history = train(
             *row.training,
@@ -255,10 +250,12 @@ def _measure(row: _Row, metric: str, config: CompareConfig, epoch: int, n: int, 
     return {"first_batch_cold_s": cold, "first_batch_warm_s": warm}
 
 
-def _supports(row: _Row, metric: str) -> bool:
+def _supports(row: Row, metric: str) -> bool:
     if metric == "train":
-        return row.training is not None
-    return metric != "first_batch" or row.kind == "backend"
+        return row.training is not None or row.fit is not None
+    if metric == "first_batch":
+        return row.kind == "backend"
+    return row.host is not None
 
 
 def run(config: CompareConfig, mesh: jax.sharding.Mesh, command: list[str]) -> dict[str, Any]:
@@ -269,7 +266,10 @@ def run(config: CompareConfig, mesh: jax.sharding.Mesh, command: list[str]) -> d
     ``jax.device_put`` per batch for baselines; the last batch is waited for),
     training (``jaxfeed.train``; epoch time and data wait are the median of
     epochs 2.., since epoch 1 compiles), and for backends the time to the first
-    batch with an empty (cold) and a filled (warm) cache directory.
+    batch with an empty (cold) and a filled (warm) cache directory. Wrap rows
+    (`jaxfeed.compare.wrapped`) get the loader and feed measurements here;
+    they and the Keras rows (``model.fit``) train in fresh processes
+    (`jaxfeed.compare.fresh`), whose memory is their own, not tracked here.
     """
     started = time.perf_counter()
     load = _load_average()
@@ -277,7 +277,11 @@ def run(config: CompareConfig, mesh: jax.sharding.Mesh, command: list[str]) -> d
     n = len(loaders.load_dataset(config.dataset, "train", data_dir=config.data_dir))
     rows = _build_rows(config, mesh, memory)
     tasks = [
-        (r, m, row) for r in range(config.warmup) for m in ("loader", "feed") for row in rows
+        (r, m, row)
+        for r in range(config.warmup)
+        for m in ("loader", "feed")
+        for row in rows
+        if _supports(row, m)
     ] + [
         (config.warmup + r, m, row)
         for r in range(config.repeats)
@@ -295,7 +299,8 @@ def run(config: CompareConfig, mesh: jax.sharding.Mesh, command: list[str]) -> d
             if warm_up:
                 cap = min(config.max_batches or WARMUP_BATCHES, WARMUP_BATCHES)
                 limited = dataclasses.replace(config, max_batches=cap)
-            with memory.track(row.memory):
+            elsewhere = metric == "train" and row.fit is not None  # another process
+            with contextlib.nullcontext() if elsewhere else memory.track(row.memory):
                 figures = _measure(row, metric, limited, round_, n, mesh)
             if not warm_up:
                 row.runs[round_ - config.warmup].update(figures)
@@ -340,14 +345,15 @@ def _machine(mesh: jax.sharding.Mesh) -> dict[str, Any]:
     }
 
 
-def _report(config, mesh, command, rows: list[_Row], seconds: float, memory: _Memory) -> dict:
-    def entry(row: _Row) -> dict[str, Any]:
+def _report(config, mesh, command, rows: list[Row], seconds: float, memory: _Memory) -> dict:
+    def entry(row: Row) -> dict[str, Any]:
         figures = dict(kind=row.kind, framework=row.framework, description=row.description)
         return figures | dict(runs=row.runs, median=_median_figures(row.runs), memory=row.memory)
 
     backends = {r.name: entry(r) for r in rows if r.kind == "backend"}
     base = {r.name: entry(r) for r in rows if r.kind == "baseline"}
-    ratios, targets = ratios_and_targets(backends, base)
+    wrap = {r.name: entry(r) | {"bare": r.bare} for r in rows if r.kind in ("wrap", "keras")}
+    ratios, targets = ratios_and_targets(backends, base, wrap)
     train_data = loaders.load_dataset(config.dataset, "train", data_dir=config.data_dir)
     test_data = loaders.load_dataset(config.dataset, "test", data_dir=config.data_dir)
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
@@ -366,6 +372,7 @@ def _report(config, mesh, command, rows: list[_Row], seconds: float, memory: _Me
         "machine": _machine(mesh),
         "backends": backends,
         "baselines": base,
+        "wrapped": wrap,
         "ratios": ratios,
         "targets": targets,
         "memory_per_row": memory.supported,

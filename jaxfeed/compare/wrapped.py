@@ -1,0 +1,89 @@
+"""Rows for a user's own loader: through `loaders.wrap`, and under Keras ``fit``.
+
+For each framework the user object is the one its tutorial loop iterates
+(`jaxfeed.compare.baselines`), so three rows see the same object: the
+tutorial row (bare), ``wrap-<framework>`` (``loaders.wrap(obj)``: loader
+alone and through `DeviceFeed` in this process, then ``jaxfeed.train``) and
+``keras-fit-<framework>`` (Keras 3 ``model.fit(obj)`` on the JAX backend).
+Both trainings run in fresh processes under the same conditions
+(`jaxfeed.compare.fresh`), so Keras is always on JAX.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+
+import loaders
+from jaxfeed.compare import fresh
+from jaxfeed.compare.baselines import Baseline
+from jaxfeed.compare.rows import Row
+from sharding import DeviceFeed
+
+
+def wrap_source(loop: Baseline, batch_size: int) -> loaders.BatchSource:
+    """``loaders.wrap`` of the loop's object, as a user would call it."""
+    # A datasets.Dataset is a table of rows: wrap needs the batch size.
+    options = {"batch_size": batch_size} if loop.framework == "hf" else {}
+    return loaders.wrap(loop.obj, **options)
+
+
+def rows(
+    loops: list[Baseline],
+    *,
+    mesh: jax.sharding.Mesh,
+    keras: bool,
+    track: Callable,
+    **settings: Any,
+) -> list[Row]:
+    """Wrap rows (each followed by its Keras row with ``keras``) for the loops in `fresh.BARE`.
+
+    Args:
+      track: ``track(figures)``, a context manager recording peak memory.
+      settings: `fresh.spec`'s ``dataset``, ``data_dir``, ``batch_size``, ``seed``.
+    """
+    out: list[Row] = []
+    for loop in loops:
+        if fresh.BARE.get(loop.framework) != loop.name:
+            continue
+        row = Row(
+            f"wrap-{loop.framework}",
+            "wrap",
+            loop.framework,
+            f"loaders.wrap(the {loop.name} row's object); training: jaxfeed.train on "
+            "one device, in a fresh process",
+            None,
+            None,
+            bare=loop.name,
+        )
+        with track(row.memory):
+            source = wrap_source(loop, settings["batch_size"])
+        row.host = source.iter_epoch
+        row.device = lambda e, s=source: DeviceFeed(s, mesh, epoch=e)
+        row.fit = _fit("jaxfeed", loop.framework, settings)
+        out.append(row)
+        if keras:
+            out.append(
+                Row(
+                    f"keras-fit-{loop.framework}",
+                    "keras",
+                    loop.framework,
+                    f"Keras 3 model.fit on the {loop.name} row's object (JAX backend, one "
+                    "device, in a fresh process)",
+                    None,
+                    None,
+                    fit=_fit("keras", loop.framework, settings),
+                    bare=loop.name,
+                )
+            )
+    return out
+
+
+def _fit(side: str, framework: str, settings: dict[str, Any]) -> Callable:
+    def measure(epochs: int, max_batches: int | None) -> dict[str, Any]:
+        what = fresh.spec(side, framework, epochs=epochs, max_batches=max_batches, **settings)
+        return fresh.measure(what)
+
+    return measure
