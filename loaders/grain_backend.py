@@ -194,7 +194,7 @@ class GrainSource(SampledSource):
             raise ValueError(f"source must be one of {SOURCES}, got {source!r}")
         for name, value in (("num_workers", num_workers), ("num_threads", num_threads)):
             if value is not None and (type(value) is not int or value < 0):
-                raise ValueError(f"{name} must be an int >= 0, got {value!r}")
+                raise ValueError(f"the grain option {name} must be an int >= 0, got {value!r}")
         self.source = source
         self.num_workers = num_workers
         self.num_threads = (0 if source == "memory" else 16) if num_threads is None else num_threads

@@ -119,7 +119,8 @@ class TorchSource(SampledSource):
     ):
         super().__init__(dataset, sampler, order)
         _check_option("num_workers", num_workers, int, 0)
-        _check_option("prefetch_factor", prefetch_factor, int, 1)
+        if prefetch_factor is not None:  # None: torch's default
+            _check_option("prefetch_factor", prefetch_factor, int, 1)
         _check_option("persistent_workers", persistent_workers, bool)
         if num_workers == 0 and (prefetch_factor is not None or persistent_workers):
             name = "prefetch_factor" if prefetch_factor is not None else "persistent_workers"
@@ -197,9 +198,9 @@ class TorchSource(SampledSource):
 
 def _check_option(name: str, value: Any, kind: type, minimum: int | None = None) -> None:
     """Refuses a worker option of the wrong type, e.g. the string a mistyped
-    ``--loader-option num_workers=2x`` gives; None means torch's default."""
+    ``--loader-option num_workers=2x`` gives."""
     # bool is an int subclass: num_workers=True is a mistake, not 1.
-    if value is None or (type(value) is kind and (minimum is None or value >= minimum)):
+    if type(value) is kind and (minimum is None or value >= minimum):
         return
     want = f"an int >= {minimum}" if kind is int else f"a {kind.__name__}"
     raise ValueError(f"the torch option {name} must be {want}, got {value!r}")

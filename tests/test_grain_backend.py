@@ -90,7 +90,9 @@ def test_options_are_checked():
     with pytest.raises(ValueError, match="num_workers must be an int >= 0, got -1"):
         loaders.make("grain", dataset="mnist-sample", num_workers=-1)
     # What `--loader-option num_workers=junk` passes: a string.
-    with pytest.raises(ValueError, match="num_workers must be an int >= 0, got 'junk'"):
+    with pytest.raises(
+        ValueError, match="the grain option num_workers must be an int >= 0, got 'junk'"
+    ):
         loaders.make("grain", dataset="mnist-sample", num_workers="junk")
     with pytest.raises(ValueError, match=re.escape("num_threads must be an int >= 0, got 1.5")):
         loaders.make("grain", dataset="mnist-sample", num_threads=1.5)

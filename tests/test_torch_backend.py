@@ -99,6 +99,7 @@ def test_options_are_checked():
         ("num_workers", -1, "num_workers must be an int >= 0, got -1"),
         ("num_workers", True, "num_workers must be an int >= 0, got True"),
         ("num_workers", 2.0, "num_workers must be an int >= 0, got 2.0"),
+        ("num_workers", None, "num_workers must be an int >= 0, got None"),
         ("prefetch_factor", 0, "prefetch_factor must be an int >= 1, got 0"),
         ("persistent_workers", "yes", "persistent_workers must be a bool, got 'yes'"),
     ],
