@@ -3,6 +3,7 @@ record of which code a figure was measured on."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -23,3 +24,20 @@ def git_state() -> dict[str, object]:
 
     changed = git("status", "--porcelain", "--untracked-files=no").splitlines()
     return {"commit": git("rev-parse", "HEAD") or None, "modified": [c[3:] for c in changed]}
+
+
+def write_record(script: str, args: object, results: list, **about: object) -> Path:
+    """Writes ``results/<script>-<args.tag>.json``: the command that made it
+    (every argument spelled out), the code measured, ``about`` the machine, and
+    the results."""
+    options = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items())
+    out = RESULTS / f"{script}-{args.tag}.json"
+    record = {
+        "command": f"python3 benchmarks/{script.replace('-', '_')}.py {options}",
+        "git": git_state(),
+        **about,
+        "results": results,
+    }
+    out.write_text(json.dumps(record, indent=2) + "\n")
+    print(f"wrote {out}")
+    return out

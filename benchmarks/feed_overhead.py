@@ -24,15 +24,13 @@ Run from the repository root::
 from __future__ import annotations
 
 import argparse
-import json
 import queue
 import statistics
 import threading
 import time
-from pathlib import Path
 
 import jax
-from common import RESULTS, SHARED_MNIST, git_state  # also puts the repo on sys.path
+from common import SHARED_MNIST, write_record  # also puts the repo on sys.path
 
 import loaders
 from sharding import DeviceFeed, batch_sharding, data_mesh, place_batch
@@ -147,16 +145,7 @@ def main() -> None:
                 f"feed_thread {us['feed_thread']:7.1f}  feed/bare {row['feed_vs_bare']:.2f}x",
                 flush=True,
             )
-    out = Path(RESULTS) / f"feed-overhead-{args.tag}.json"
-    record = {
-        "command": "python3 benchmarks/feed_overhead.py "
-        + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items()),
-        "git": git_state(),
-        "devices": str(jax.devices()[0]),
-        "results": results,
-    }
-    out.write_text(json.dumps(record, indent=2) + "\n")
-    print(f"wrote {out}")
+    write_record("feed-overhead", args, results, devices=str(jax.devices()[0]))
 
 
 if __name__ == "__main__":

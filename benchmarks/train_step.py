@@ -25,7 +25,6 @@ Writes ``benchmarks/results/train-step-<tag>.json``. From the repository root::
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import time
@@ -34,7 +33,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
-from common import RESULTS, SHARED_MNIST, git_state  # also puts the repo on sys.path
+from common import SHARED_MNIST, write_record  # also puts the repo on sys.path
 
 import loaders
 from jaxfeed import TrainConfig, init_params, train
@@ -181,19 +180,15 @@ def main() -> None:
             f"k=8 {k8['epoch_seconds']:.3f} s (wait {k8['data_wait_fraction']:.1%})",
             flush=True,
         )
-    out = Path(RESULTS) / f"train-step-{args.tag}.json"
-    record = {
-        "command": "python3 benchmarks/train_step.py "
-        + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items()),
-        "git": git_state(),
-        "device": str(jax.devices()[0].device_kind),
-        "platform": jax.devices()[0].platform,
-        "dataset": dataset,
-        "cpus": os.cpu_count(),
-        "results": results,
-    }
-    out.write_text(json.dumps(record, indent=2) + "\n")
-    print(f"wrote {out}")
+    write_record(
+        "train-step",
+        args,
+        results,
+        device=str(jax.devices()[0].device_kind),
+        platform=jax.devices()[0].platform,
+        dataset=dataset,
+        cpus=os.cpu_count(),
+    )
 
 
 if __name__ == "__main__":

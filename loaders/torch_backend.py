@@ -27,6 +27,7 @@ import numpy as np
 from torch.utils import data as torch_data
 
 from loaders.datasets import ArrayDataset
+from loaders.read_ahead import END, pump
 from loaders.sampler import Sampler
 from loaders.source import SampledSource
 
@@ -36,7 +37,6 @@ OPTIONS = ("order", "num_workers", "prefetch_factor", "persistent_workers")
 _WORKER_CONTEXT = "spawn"
 # How often a reader waiting for a batch checks that the workers still run.
 _POLL_SECONDS = 0.1
-_END = object()
 
 
 class ArrayTorchDataset(torch_data.Dataset):
@@ -227,7 +227,7 @@ def iterate(loader: torch_data.DataLoader) -> Iterator[Any]:
     results: queue.Queue = queue.Queue(maxsize=1)
     stop = threading.Event()
     reader = threading.Thread(
-        target=_read, args=(batches, results, stop), name="jaxfeed-torch-reader", daemon=True
+        target=pump, args=(batches, results, stop), name="jaxfeed-torch-reader", daemon=True
     )
     del batches  # only the reader holds the iterator, so its end shuts the workers down
     reader.start()
@@ -240,7 +240,7 @@ def iterate(loader: torch_data.DataLoader) -> Iterator[Any]:
                 continue
             if error is not None:
                 raise error
-            if batch is _END:
+            if batch is END:
                 return
             yield batch
     except GeneratorExit:
@@ -253,29 +253,6 @@ def iterate(loader: torch_data.DataLoader) -> Iterator[Any]:
         raise
     finally:
         stop.set()  # on an error, including Ctrl-C, the reader is left to stop alone
-
-
-def _read(batches: Iterator[Any], results: queue.Queue, stop: threading.Event) -> None:
-    """Reader thread body: batches, then ``_END`` or the error, into ``results``."""
-    try:
-        for batch in batches:
-            if not _put(results, (batch, None), stop):
-                return
-        _put(results, (_END, None), stop)
-    except BaseException as error:  # re-raised by `iterate`
-        _put(results, (None, error), stop)
-
-
-def _put(
-    results: queue.Queue, item: tuple[Any, BaseException | None], stop: threading.Event
-) -> bool:
-    while not stop.is_set():
-        try:
-            results.put(item, timeout=_POLL_SECONDS)
-            return True
-        except queue.Full:
-            continue
-    return False
 
 
 def _worker_processes(batches: Iterator[Any]) -> list[multiprocessing.Process]:

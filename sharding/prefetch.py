@@ -28,11 +28,10 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
 from loaders.protocol import BatchSource
+from loaders.read_ahead import END, POLL_SECONDS, pump
 from sharding.mesh import batch_sharding
 from sharding.placement import check_batch_size, check_process, place_batch
 
-_END = object()
-_POLL_SECONDS = 0.1
 _OPEN_FEEDS: weakref.WeakSet = weakref.WeakSet()
 _EXIT_HOOK: list[bool] = []
 
@@ -51,33 +50,6 @@ def _register(feed: DeviceFeed) -> None:
         # imported: atexit runs last-in first-out, so this runs before its hooks.
         atexit.register(_close_open_feeds)
         _EXIT_HOOK.append(True)
-
-
-def _read_ahead(items: Iterator[Any], out: queue.Queue, stop: threading.Event) -> None:
-    """Thread body for ``host_buffer > 0``: moves ``items`` into ``out``; an
-    exception travels as the last item, after every good one. It holds no
-    reference to the feed, so an abandoned feed can still be collected."""
-
-    def put(item: Any) -> bool:
-        while not stop.is_set():
-            try:
-                out.put(item, timeout=_POLL_SECONDS)
-                return True
-            except queue.Full:
-                continue
-        return False
-
-    try:
-        for item in items:
-            if not put((item, None)):
-                return
-        put((_END, None))
-    except BaseException as error:  # re-raised in the consumer, in order
-        put((None, error))
-    finally:
-        close = getattr(items, "close", None)
-        if close is not None:
-            close()
 
 
 def _stack(batches: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
@@ -182,7 +154,7 @@ class DeviceFeed:
             self._stop = threading.Event()
             self._queue: queue.Queue = queue.Queue(maxsize=int(host_buffer))
             self._thread = threading.Thread(
-                target=_read_ahead,
+                target=pump,
                 args=(self._host, self._queue, self._stop),
                 name=f"jaxfeed-read-epoch{epoch}",
                 daemon=True,
@@ -194,12 +166,12 @@ class DeviceFeed:
         self.wait_seconds += time.perf_counter() - started
 
     def _next_host(self) -> Any:
-        """The next host transfer, or ``_END``; raises the loader's error."""
+        """The next host transfer, or ``END``; raises the loader's error."""
         if self._thread is None:
-            return next(self._host, _END)
+            return next(self._host, END)
         while True:
             try:
-                item, error = self._queue.get(timeout=_POLL_SECONDS)
+                item, error = self._queue.get(timeout=POLL_SECONDS)
                 break
             except queue.Empty:
                 if not self._thread.is_alive() and self._queue.empty():
@@ -215,7 +187,7 @@ class DeviceFeed:
         try:
             while len(group) < self._device_buffer:
                 item = self._next_host()
-                if item is _END:
+                if item is END:
                     self._ended = True
                     break
                 group.append(item)
