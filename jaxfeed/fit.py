@@ -446,8 +446,11 @@ def fit(
                 feed.close()
                 feed = None
                 if loop.epoch + 1 < epochs and not loop.stopping():
-                    # Opened now, so its first batches load while this epoch is evaluated.
+                    # Opened now, so its first batches load while the device
+                    # finishes this epoch's steps and while it is evaluated.
                     feed = loop.open(loop.epoch + 1, 0)
+                # Steps are dispatched ahead: the epoch ends when the device is done.
+                jax.block_until_ready(totals)
                 record = loop.record(totals, time.perf_counter() - started, wait)
                 if eval is not None:
                     eval_sums = _eval_pass(eval_run, state, eval_zeros, eval, sharding)

@@ -2,6 +2,7 @@
 
 import json
 import math
+import time
 
 import jax
 import jax.numpy as jnp
@@ -188,3 +189,24 @@ def test_bad_arguments_are_refused(kwargs, match):
     kwargs = {"epochs": 1, **kwargs}
     with pytest.raises(ValueError, match=match):
         fit(lambda s, b: (s, _label_sums(s, b)), _state(), _batches(), progress=False, **kwargs)
+
+
+def test_an_epochs_seconds_include_the_steps_still_running_on_the_device():
+    # Steps are dispatched ahead of the device. Each step here does ~tens of
+    # ms of matmuls; an epoch of 4 of them must take longer than one step
+    # alone, unless the epoch's clock stops before the device is done.
+    def busy(state, batch):
+        x = jax.lax.fori_loop(0, 40, lambda i, x: jnp.tanh(x @ x), jnp.eye(512) * 0.5)
+        return {"w": state["w"] + x[0, :3]}, _label_sums(state, batch)
+
+    state = _state()
+    source = loaders.wrap(_loader(128, 0, 32, shuffle=False), keys=("image", "label"))
+    batch = jax.device_put(next(source.iter_epoch(0)))
+    alone = jax.jit(busy)
+    jax.block_until_ready(alone(state, batch))  # compiled
+    started = time.perf_counter()
+    jax.block_until_ready(alone(state, batch))
+    one_step = time.perf_counter() - started
+    result = fit(busy, state, source, epochs=2, mesh=jax.devices()[:1], progress=False)
+    seconds = [m["seconds"] for m in result.history]
+    assert min(seconds) > one_step, (seconds, one_step)
