@@ -39,6 +39,7 @@ import loaders
 from jaxfeed import TrainConfig, train
 from jaxfeed.train import init_state, make_train_step
 from sharding import DeviceFeed, batch_sharding, data_mesh
+from sharding.prefetch import _stack, transfer_sharding
 
 
 class _Held:
@@ -117,6 +118,48 @@ def _overhead_us(source, sharding, k: int, repeats: int) -> float:
     return 1e6 * _median_seconds(run, repeats) / source.num_batches
 
 
+def _breakdown_us(source, sharding, k: int, repeats: int) -> dict:
+    """Host µs per step of each part of the k-step loop, each timed alone over
+    the epoch: stacking k batches into one buffer (k > 1 only), placing them
+    (``device_buffer`` transfers per call, as `DeviceFeed` does), and
+    dispatching the jitted step."""
+    groups = [source.batches[i : i + k] for i in range(0, source.num_batches, k)]
+    sharding = sharding if k == 1 else transfer_sharding(sharding, k)
+    per = 4  # DeviceFeed's default device_buffer
+
+    def stack():
+        return [_stack(g, ()) for g in groups] if k > 1 else [g[0] for g in groups]
+
+    transfers = stack()
+
+    def place():
+        return [
+            jax.device_put(transfers[i : i + per], sharding) for i in range(0, len(transfers), per)
+        ]
+
+    def one(total, batch):
+        return total + batch["label"][0], None
+
+    step = jax.jit(lambda t, b: one(t, b)[0] if k == 1 else jax.lax.scan(one, t, b)[0])
+    placed = [t for group in place() for t in group]
+
+    def dispatch():
+        total = jnp.zeros((), jnp.int32)
+        for batch in placed:
+            total = step(total, batch)
+        return total
+
+    steps = source.num_batches
+    parts = (
+        {"stack": stack, "place": place, "dispatch": dispatch}
+        if k > 1
+        else {"place": place, "dispatch": dispatch}
+    )
+    return {
+        name: round(1e6 * _median_seconds(run, repeats) / steps, 1) for name, run in parts.items()
+    }
+
+
 def _mlp(train_source, sharding, k: int, epochs: int) -> dict:
     _, history = train(
         train_source,
@@ -140,6 +183,7 @@ def main() -> None:
     parser.add_argument("--batch-sizes", default="128,1024")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--epochs", type=int, default=4)
+    parser.add_argument("--steps", type=int, default=512, help="steps in the overhead loops")
     parser.add_argument("--tag", default=jax.devices()[0].platform)
     args = parser.parse_args()
     dataset = args.dataset if Path(args.data_dir).is_dir() else "mnist-sample"
@@ -149,8 +193,10 @@ def main() -> None:
         source = loaders.make(
             "numpy", dataset=dataset, data_dir=args.data_dir, batch_size=batch_size
         )
-        # At least 64 steps (the epoch's batches, repeated), so k=8 is 8+ transfers.
-        batches = list(source.iter_epoch(0)) * -(-64 // source.num_batches)
+        # At least --steps steps (the epoch's batches, repeated; a 60k-digit
+        # epoch is 469 steps at batch 128), so the feed's set-up is spread as
+        # over a real epoch, and k=8 is 64+ transfers.
+        batches = list(source.iter_epoch(0)) * -(-args.steps // source.num_batches)
         held = _Held(batches)
         tiny = _Held(_tiny_batches(batch_size, len(batches)))
         overhead = {k: _overhead_us(held, sharding, k, args.repeats) for k in (1, 8)}
@@ -164,6 +210,9 @@ def main() -> None:
             "overhead_k1_over_k8": round(overhead[1] / overhead[8], 2),
             "fixed_overhead_us_per_step": {f"k={k}": round(v, 1) for k, v in fixed.items()},
             "fixed_overhead_k1_over_k8": round(fixed[1] / fixed[8], 2),
+            "overhead_parts_us_per_step": {
+                f"k={k}": _breakdown_us(held, sharding, k, args.repeats) for k in (1, 8)
+            },
             "mlp": {f"k={k}": _mlp(source, sharding, k, args.epochs) for k in (1, 8)},
         }
         results.append(row)

