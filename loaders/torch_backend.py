@@ -202,6 +202,7 @@ class TorchSource(SampledSource):
         assert len(batches) == s.num_batches, (len(batches), s.num_batches)
         return self._read(batches)
 
+
 def _check_option(name: str, value: Any, kind: type, minimum: int | None = None) -> None:
     """Refuses a worker option of the wrong type, e.g. the string a mistyped
     ``--loader-option num_workers=2x`` gives."""
