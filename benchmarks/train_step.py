@@ -127,10 +127,11 @@ def _breakdown_us(source, sharding, k: int, repeats: int) -> dict:
     sharding = sharding if k == 1 else transfer_sharding(sharding, k)
     per = 4  # DeviceFeed's default device_buffer
 
-    def stack():
-        return [_stack(g, ()) for g in groups] if k > 1 else [g[0] for g in groups]
+    def stack():  # one transfer at a time, as the feed does: its buffer is freed and reused
+        for group in groups:
+            _stack(group, ())
 
-    transfers = stack()
+    transfers = [_stack(g, ()) for g in groups] if k > 1 else [g[0] for g in groups]
 
     def place():
         return [

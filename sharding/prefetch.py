@@ -56,21 +56,33 @@ _ALIGN = 64  # bytes: XLA's CPU client places an array this aligned without copy
 
 
 def _aligned_stack(arrays: list[np.ndarray]) -> np.ndarray:
-    """``np.stack`` into a fresh buffer aligned to ``_ALIGN`` bytes. On CPU,
-    ``jax.device_put`` then aliases it instead of copying it a second time
-    (measured: 800 KB of digits placed in 38 µs aligned, 168 µs not)."""
+    """The arrays stacked into a fresh buffer aligned to ``_ALIGN`` bytes. On
+    CPU, ``jax.device_put`` then aliases it instead of copying it a second
+    time (measured: 800 KB of digits placed in 38 µs aligned, 168 µs not).
+    Row by row, not ``np.stack``: its set-up costs more than copying a small
+    leaf (a label vector)."""
     first = np.asarray(arrays[0])
     nbytes = first.nbytes * len(arrays)
     raw = np.empty(nbytes + _ALIGN, np.uint8)
     offset = -raw.ctypes.data % _ALIGN
     out = raw[offset : offset + nbytes].view(first.dtype).reshape(len(arrays), *first.shape)
-    return np.stack(arrays, out=out, casting="no")  # a dtype change raises, never casts
+    for i, array in enumerate(arrays):
+        # Checked, as assignment would broadcast a shape and cast a dtype silently.
+        if array.shape != first.shape or array.dtype != first.dtype:
+            raise ValueError(
+                f"the batches of one transfer differ: batch {i} is {array.dtype} "
+                f"{array.shape}, batch 0 {first.dtype} {first.shape}"
+            )
+        out[i] = array
+    return out
 
 
 def _stack(batches: list[dict[str, np.ndarray]], host: tuple[str, ...]) -> dict[str, Any]:
     # Host fields may change width between batches (strings): a list, not a stack.
     return {
-        key: [b[key] for b in batches] if key in host else _aligned_stack([b[key] for b in batches])
+        key: [b[key] for b in batches]
+        if key in host
+        else _aligned_stack([np.asarray(b[key]) for b in batches])
         for key in batches[0]
     }
 

@@ -167,7 +167,8 @@ class _DtypeDrift:
 
 
 def test_a_dtype_change_within_a_transfer_raises_instead_of_casting():
-    with pytest.raises(TypeError, match=r"float64.*float32"):
+    message = r"batches of one transfer differ: batch 1 is float64 \(8,\), batch 0 float32 \(8,\)"
+    with pytest.raises(ValueError, match=message):
         list(DeviceFeed(_DtypeDrift(), data_mesh(), steps_per_transfer=2))
 
 
