@@ -442,6 +442,10 @@ def fit(
     run = _compile(step, steps_per_transfer, replicated)
     loop = _Loop(train, sharding, steps_per_transfer, progress)
     totals, feed = zeros, None
+    # A source whose stream state costs time keeps it only for checkpoints.
+    kept = getattr(train, "keep_data_state", None)
+    if kept is not None:
+        train.keep_data_state = checkpoint is not None
     try:
         if checkpoint is not None:
             loop.checkpointer = Checkpointer(checkpoint, run_settings(train, settings))
@@ -480,4 +484,6 @@ def fit(
             feed.close()  # also when a loader error or Ctrl-C ends training early
         if loop.checkpointer is not None:
             loop.checkpointer.close()  # the last save is complete on disk
+        if kept is not None:
+            train.keep_data_state = kept
     return FitResult(state, loop.history)

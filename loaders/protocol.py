@@ -56,6 +56,11 @@ class BatchSource(Protocol):
       ``epoch`` had been produced (bytes base64-encoded by the source).
     * ``restore_data_state(state)``: called with that dict before
       ``iter_epoch(epoch, start=next_batch)`` in a fresh process.
+    * ``keep_data_state`` (a settable bool, default True): False tells a
+      source that no ``data_state`` will be asked for, so one whose state
+      costs time (a wrapped tf.data pipeline's checkpoint per epoch) can skip
+      it; ``data_state`` then raises. `jaxfeed.fit` sets it for its run: True
+      when it checkpoints, else False.
 
     A source without them resumes by position alone; one that cannot do
     that exactly must raise ``ValueError`` from ``iter_epoch`` when ``start``

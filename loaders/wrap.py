@@ -90,6 +90,18 @@ class WrappedSource:
             held[1].close()  # another position first: the held batch is not needed
         return self._batches(epoch, start)
 
+    @property
+    def keep_data_state(self) -> bool:
+        """Whether the source keeps what `data_state` needs (see `BatchSource`).
+        Only a tf.data pipeline pays for it: a checkpoint at each epoch's start."""
+        stream = self._epochs.stream
+        return stream.keep_state if stream is not None else True
+
+    @keep_data_state.setter
+    def keep_data_state(self, keep: bool) -> None:
+        if self._epochs.stream is not None:
+            self._epochs.stream.keep_state = bool(keep)
+
     def data_state(self, epoch: int, next_batch: int) -> dict[str, Any]:
         """Where the source stood when batch ``next_batch - 1`` of ``epoch``
         had been produced, as JSON values (see `BatchSource`): the position,

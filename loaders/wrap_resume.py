@@ -99,6 +99,16 @@ class Stream:
         self._ring: collections.OrderedDict[tuple[int, int], Note] = collections.OrderedDict()
         self._anchors: collections.OrderedDict[int, Note] = collections.OrderedDict()
 
+    @property
+    def keep_state(self) -> bool:
+        return getattr(self._cursor, "keep_state", True)
+
+    @keep_state.setter
+    def keep_state(self, keep: bool) -> None:
+        if hasattr(self._cursor, "keep_state"):  # the others' states cost next to nothing
+            with self._lock:
+                self._cursor.keep_state = keep
+
     def __call__(self, epoch: int, start: int) -> Iterator[Any]:
         with self._lock:
             self._route(epoch, start)  # an unreachable position is refused now, at the call

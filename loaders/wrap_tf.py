@@ -133,11 +133,23 @@ class TfCursor:
         self._tf, self._dataset, self._pad_to = tf, dataset, pad_to
         self._spec = dataset.element_spec
         self._endless = int(dataset.cardinality()) == -1
-        self.refusal: str | None = _shuffle_state_lost(dataset) if self._endless else None
+        # Why tf.data cannot checkpoint this pipeline; None: it can.
+        self._cannot: str | None = _shuffle_state_lost(dataset) if self._endless else None
+        self.keep_state = True  # False: no checkpoints taken (nothing will ask for one)
         self._iterator: Any = None
         self._start: dict[str, str] | None = None  # the checkpoint of this pass's start
         self._served = self._read = 0  # batches of this pass: served (pads too), and read
         self._template: Any = None  # a real batch, shaped like the empty padding ones
+
+    @property
+    def refusal(self) -> str | None:
+        if self._cannot is None and not self.keep_state:
+            return (
+                "it keeps no tf.data checkpoints while keep_data_state is False (as "
+                "jaxfeed.fit sets it when it does not checkpoint); set "
+                "source.keep_data_state = True before the epoch to resume from"
+            )
+        return self._cannot
 
     def begin(self, pass_: int, state: Any, in_pass: int) -> None:
         self._iterator = None  # its buffers are let go before the next ones fill
@@ -189,7 +201,7 @@ class TfCursor:
         except self._tf.errors.OpError as error:
             # "{{function_node ...}} EagerPyFunc is stateful. [Op:SerializeIterator] name:"
             reason = re.sub(r"\{\{.*?\}\}|\[Op:.*", "", str(error.message)).strip(" .\n")
-            self.refusal = (
+            self._cannot = (
                 f"tf.data cannot checkpoint this pipeline ({reason}); stateful ops such as "
                 f"tf.py_function or unseeded random ops in .map() keep state outside it. "
                 f"Use stateless ops (tf.random.stateless_*), or a random-access dataset"

@@ -239,6 +239,65 @@ def test_an_epoch_left_part_read_does_not_change_the_next_one():
     assert [b["label"].tolist() for b in source.iter_epoch(1)] == want
 
 
+def _count_tf_checkpoints(monkeypatch) -> list:
+    """A list that grows by one for each tf.data checkpoint a wrap takes."""
+    from loaders.wrap_tf import TfCursor
+
+    taken, checkpoint = [], TfCursor._checkpoint
+
+    def counted(self):
+        files = checkpoint(self)
+        if files is not None:
+            taken.append(1)
+        return files
+
+    monkeypatch.setattr(TfCursor, "_checkpoint", counted)
+    return taken
+
+
+def test_a_tf_pipeline_keeps_no_checkpoints_while_told_no_state_is_asked_for(monkeypatch):
+    import tensorflow as tf
+
+    def dataset():
+        rows = tf.data.Dataset.from_tensor_slices({"label": np.arange(40)})
+        return rows.shuffle(40, seed=6).batch(8)
+
+    taken = _count_tf_checkpoints(monkeypatch)
+    kept = loaders.wrap(dataset())
+    want = [[b["label"].tolist() for b in kept.iter_epoch(e)] for e in range(3)]
+    assert kept.keep_data_state and len(taken) == 3  # one per epoch start
+    source = loaders.wrap(dataset())  # epoch 0's start: checkpointed by wrap()
+    source.keep_data_state = False
+    got = [[b["label"].tolist() for b in source.iter_epoch(e)] for e in range(3)]
+    assert got == want and len(taken) == 4  # the same order, no checkpoint after wrap()
+    with pytest.raises(ValueError, match=r"cannot restart at batch 1 of epoch 2: .*keep_data_s"):
+        source.data_state(2, 1)
+    source.keep_data_state = True
+    list(source.iter_epoch(3))
+    assert source.data_state(3, 1)["stream"]["state"] is not None
+
+
+def test_fit_keeps_tf_checkpoints_only_when_it_checkpoints(tmp_path, monkeypatch):
+    import jax
+    import jax.numpy as jnp
+    import tensorflow as tf
+
+    from jaxfeed import fit
+
+    taken = _count_tf_checkpoints(monkeypatch)
+    rows = tf.data.Dataset.from_tensor_slices({"label": np.arange(40, dtype=np.int32)})
+    source = loaders.wrap(rows.shuffle(40, seed=7).batch(8))
+
+    def step(state, batch):
+        return state, {"count": jnp.sum(batch["mask"].astype(jnp.float32))}
+
+    options = dict(epochs=3, mesh=jax.devices()[:1], progress=False)
+    fit(step, {"w": jnp.zeros(())}, source, **options)
+    assert len(taken) == 1 and source.keep_data_state  # wrap()'s only; restored after fit
+    fit(step, {"w": jnp.zeros(())}, source, checkpoint=tmp_path, **options)
+    assert len(taken) > 1
+
+
 def test_positions_older_than_those_kept_are_refused_by_name():
     import tensorflow as tf
 
