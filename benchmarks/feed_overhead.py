@@ -6,8 +6,8 @@ For each backend and batch size, in one process, interleaved repeats (medians):
 * ``bare``: ``for b in source.iter_epoch(e): jax.device_put(b, sharding)``, the
   serial loop a user writes, waiting for the last transfer;
 * ``feed``: ``for b in DeviceFeed(source, sharding, epoch=e): pass``, waiting
-  for the last batch (the default: reads on this thread, two batches per
-  ``device_put``);
+  for the last batch (the default: reads on this thread, up to
+  ``device_buffer=4`` batches per ``device_put``);
 * ``feed_thread``: the same with ``host_buffer=4``, a background reading thread;
 * ``place``: ``place_batch`` alone on batches already in memory, one per call;
 * ``place_grouped``: ``jax.device_put`` of two such batches per call;
