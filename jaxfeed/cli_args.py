@@ -1,0 +1,148 @@
+"""Argument types, help texts and helpers shared by the ``jaxfeed`` subcommands."""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+from loaders.sampler import MAX_SEED
+
+HELP_FORMAT = argparse.ArgumentDefaultsHelpFormatter
+
+DATASET_HELP = "mnist, mnist-sample (offline), mnist-10k, or a directory of IDX files"
+
+DATA_DIR_HELP = "directory with the MNIST IDX files; None: $JAXFEED_DATA_DIR, then the cache"
+
+DEVICES_HELP = (
+    "use the first N local devices of each process (N simulated CPU devices without an "
+    "accelerator); None: all"
+)
+
+
+def option(text: str) -> tuple[str, Any]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    try:
+        return key, ast.literal_eval(value)
+    except (ValueError, SyntaxError):
+        return key, value  # a bare string such as order=native
+
+
+def positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
+    return value
+
+
+def number(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+
+
+def learning_rate(text: str) -> float:
+    value = number(text)
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(
+            f"must be a finite number > 0, got {text!r}; SGD diverges to nan otherwise"
+        )
+    return value
+
+
+def momentum(text: str) -> float:
+    value = number(text)
+    if not 0 <= value < 1:  # also refuses nan
+        raise argparse.ArgumentTypeError(
+            f"must be in [0, 1), got {text!r}; 0 is plain SGD, 0.9 is usual"
+        )
+    return value
+
+
+def seed(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if not 0 <= value <= MAX_SEED:
+        raise argparse.ArgumentTypeError(
+            f"must be in [0, {MAX_SEED}] (32 bits, what every backend takes), got {value}"
+        )
+    return value
+
+
+def seconds(text: str) -> float:
+    value = number(text)
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds > 0, got {text!r}")
+    return value
+
+
+def loader_list(text: str) -> tuple[str, ...]:
+    names = tuple(n.strip() for n in text.split(",") if n.strip())
+    if not names:
+        raise argparse.ArgumentTypeError(f"expected comma-separated backend names, got {text!r}")
+    return names
+
+
+def subcommand(commands: argparse._SubParsersAction, name: str, **kwargs: Any):
+    """A subcommand that shows its defaults and also takes ``--debug`` after its name."""
+    debug = argparse.ArgumentParser(add_help=False)
+    # SUPPRESS: when absent here, the top-level parser's value stands.
+    debug.add_argument(
+        "--debug", action="store_true", default=argparse.SUPPRESS, help="as jaxfeed --debug"
+    )
+    kwargs.setdefault("description", kwargs.get("help"))
+    return commands.add_parser(name, formatter_class=HELP_FORMAT, parents=[debug], **kwargs)
+
+
+def set_devices(count: int | None) -> None:
+    if count is None:
+        return
+    flag = f"--xla_force_host_platform_device_count={count}"
+    flags = [f for f in os.environ.get("XLA_FLAGS", "").split() if "device_count" not in f]
+    os.environ["XLA_FLAGS"] = " ".join([*flags, flag])
+
+
+def pick_devices(devices: list, per_process: int | None) -> list:
+    """The first ``per_process`` devices of every process (all if None)."""
+    if per_process is None:
+        return devices
+    by_process: dict[int, list] = {}
+    for device in devices:
+        by_process.setdefault(device.process_index, []).append(device)
+    fewest = min(len(d) for d in by_process.values())
+    if per_process > fewest:
+        raise ValueError(f"--devices {per_process}: only {fewest} device(s) per process here")
+    return [d for group in by_process.values() for d in group[:per_process]]
+
+
+def check_writable(path: Path | None, flag: str) -> None:
+    """Refuses an output file that cannot be written, before any work is done."""
+    if path is None:
+        return
+    existed = path.exists()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("a"):  # what writing it later needs, without truncating it now
+            pass
+        if not existed:
+            path.unlink()
+    except OSError as err:
+        raise ValueError(
+            f"{flag} {path} cannot be written ({type(err).__name__}: {err.strerror or err}); "
+            f"pick a writable path"
+        ) from err
+
+
+def one_line(text: str) -> str:
+    return " ".join(line.strip() for line in text.splitlines() if line.strip())

