@@ -165,8 +165,7 @@ def evaluate_metrics(
     """
     sharding = _sharding(mesh)
     replicated = NamedSharding(sharding.mesh, PartitionSpec())
-    # A copy: the steps donate the state, and the caller's arrays must outlive fit.
-    state = jax.device_put(state, replicated, may_alias=False)
+    state = jax.device_put(state, replicated)
     zeros = _trace_eval(eval_step, state, source)
     run = jax.jit(lambda s, t, b: _add(t, eval_step(s, b)), out_shardings=replicated)
     return _means(_eval_pass(run, state, jax.device_put(zeros, replicated), source, sharding))
