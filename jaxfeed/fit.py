@@ -19,19 +19,34 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import jax
-import jax.numpy as jnp
 import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from jax.sharding import NamedSharding, PartitionSpec
 from tqdm import tqdm  # not tqdm.auto: it warns in Jupyter without ipywidgets
 
 from jaxfeed.checkpoint import Checkpointer, Checkpointing
+from jaxfeed.steps import (
+    EvalStep,
+    MeshLike,
+    Step,
+    Sums,
+    add_sums,
+    batch_mask,
+    batch_sharding_of,
+    compile_step,
+    device_part,
+    eval_pass,
+    evaluate_metrics,
+    host_fields,
+    means,
+    serialize_steps,
+    to_host,
+    trace_eval,
+    trace_step,
+)
 from loaders.protocol import BatchSource
-from sharding import DeviceFeed, batch_sharding, data_mesh
+from sharding import DeviceFeed
 
-Sums = dict[str, jax.Array]
-Step = Callable[[Any, Mapping[str, jax.Array]], tuple[Any, Sums]]
-EvalStep = Callable[[Any, Mapping[str, jax.Array]], Sums]
-MeshLike = Mesh | NamedSharding | Sequence[jax.Device] | None
+__all__ = ["FitResult", "Sums", "batch_mask", "evaluate_metrics", "fit", "run_settings"]
 
 
 class FitResult(NamedTuple):
@@ -39,163 +54,6 @@ class FitResult(NamedTuple):
 
     state: Any
     history: list[dict]
-
-
-def batch_mask(batch: Mapping[str, jax.Array]) -> jax.Array:
-    """float32 ``[B]``: 1 for a real row, 0 for a padding row.
-
-    A padded batch carries ``mask``; a batch without one is all real rows.
-    Multiply per-row values by it before summing them into a step's metrics.
-    """
-    if "mask" in batch:
-        return batch["mask"].astype(jnp.float32)
-    rows = next(iter(batch.values())).shape[0]
-    return jnp.ones((rows,), jnp.float32)
-
-
-def _add(a: Sums, b: Sums) -> Sums:
-    return jax.tree.map(jnp.add, a, b)
-
-
-def _serialize_steps(sharding: NamedSharding) -> bool:
-    """Whether each step must finish before the next is dispatched.
-
-    On CPU, a step over several devices all-reduces across one thread per
-    device. With steps dispatched ahead, queued executions can hold the small
-    CPU thread pool while a running all-reduce waits for its last device
-    thread: XLA aborts after 40 s ("only 7 of 8 arrived"; seen with jaxlib
-    0.10.2 on 2 cores, 8 simulated devices, and across processes with gloo).
-    GPU/TPU and single-device CPU keep asynchronous dispatch.
-    """
-    return sharding.mesh.devices.flat[0].platform == "cpu" and sharding.mesh.devices.size > 1
-
-
-def _to_host(sums: Sums) -> dict[str, float]:
-    """Replicated scalars to floats; reads this process's copy, so it also
-    works for multi-host arrays that are not fully addressable."""
-    return {k: float(v.addressable_data(0)) for k, v in sums.items()}
-
-
-def _means(sums: Mapping[str, float], prefix: str = "") -> dict[str, float]:
-    count = sums["count"]
-    return {
-        prefix + k: v / count if count else float("nan") for k, v in sums.items() if k != "count"
-    }
-
-
-def _abstract_batch(source: BatchSource) -> dict[str, jax.ShapeDtypeStruct]:
-    """The global batch as the step sees it (the local batch of every process)."""
-    processes = jax.process_count()
-    return {
-        key: jax.ShapeDtypeStruct((spec.shape[0] * processes, *spec.shape[1:]), spec.dtype)
-        for key, spec in source.element_spec.items()
-    }
-
-
-def _check_sums(sums: Any, who: str) -> None:
-    if not isinstance(sums, Mapping) or "count" not in sums:
-        raise TypeError(
-            f"{who} must return metric sums as a dict with a 'count' entry (the number of "
-            f"real rows, e.g. jnp.sum(batch_mask(batch))); got {jax.tree.structure(sums)}"
-        )
-    shapes = {k: getattr(v, "shape", None) for k, v in sums.items()}
-    wrong = {k: shape for k, shape in sorted(shapes.items()) if shape != ()}
-    if wrong:
-        raise TypeError(
-            f"{who}'s metric sums must be scalars (summed over the batch), got shapes {wrong}"
-        )
-
-
-def _zeros(sums: Mapping[str, jax.ShapeDtypeStruct]) -> Sums:
-    return {k: jnp.zeros(v.shape, v.dtype) for k, v in sums.items()}
-
-
-def _trace_step(step: Step, state: Any, source: BatchSource) -> Sums:
-    """Traces ``step`` once on an abstract batch, so that a broken contract is
-    reported before any data moves; returns zero sums of its metrics."""
-    out = jax.eval_shape(step, state, _abstract_batch(source))
-    if not (isinstance(out, tuple) and len(out) == 2):
-        raise TypeError(f"step must return (state, metric sums), got {jax.tree.structure(out)}")
-    want, got = jax.tree.structure(state), jax.tree.structure(out[0])
-    if want != got:
-        raise TypeError(f"step must return a state of the structure it took: {want} != {got}")
-    _check_sums(out[1], "step")
-    return _zeros(out[1])
-
-
-def _trace_eval(eval_step: EvalStep, state: Any, source: BatchSource) -> Sums:
-    sums = jax.eval_shape(eval_step, state, _abstract_batch(source))
-    _check_sums(sums, "eval_step")
-    return _zeros(sums)
-
-
-def _compile(step: Step, k: int, replicated: NamedSharding) -> Callable:
-    """``(state, totals, batch) -> (state, totals)``, jitted; for k > 1 it runs a
-    ``[k', B, ...]`` stack of batches as k' steps in one `jax.lax.scan`."""
-
-    def one(carry, batch):
-        state, totals = carry
-        state, sums = step(state, batch)
-        return (state, _add(totals, sums)), None
-
-    # The state is donated: XLA updates it in place instead of allocating a
-    # new copy every step (the MLP's step on CPU: 5.3 ms without, 3.6 ms with).
-    if k == 1:
-        return jax.jit(
-            lambda s, t, b: one((s, t), b)[0], out_shardings=replicated, donate_argnums=0
-        )
-    return jax.jit(
-        lambda s, t, b: jax.lax.scan(one, (s, t), b)[0],
-        out_shardings=replicated,
-        donate_argnums=0,
-    )
-
-
-def evaluate_metrics(
-    eval_step: EvalStep, state: Any, source: BatchSource, mesh: MeshLike = None
-) -> dict[str, float]:
-    """One pass of ``source`` through ``eval_step``; the mean of each metric
-    (its sum over the pass divided by the summed ``count``).
-
-    Args:
-      eval_step: ``(state, batch) -> sums``, the convention of `fit`.
-      state: a pytree of arrays; replicated on the mesh.
-      source: the batches.
-      mesh: a `Mesh`, a batch `NamedSharding`, devices, or None for all devices.
-    """
-    sharding = _sharding(mesh)
-    replicated = NamedSharding(sharding.mesh, PartitionSpec())
-    state = jax.device_put(state, replicated)
-    zeros = _trace_eval(eval_step, state, source)
-    run = jax.jit(lambda s, t, b: _add(t, eval_step(s, b)), out_shardings=replicated)
-    return _means(_eval_pass(run, state, jax.device_put(zeros, replicated), source, sharding))
-
-
-def _device_part(batch: dict, host: frozenset[str]) -> dict:
-    """The placed leaves of a batch: a source's ``host_fields`` (numpy, e.g.
-    text) ride along in the feed's batches but never reach a jitted step."""
-    return {k: v for k, v in batch.items() if k not in host} if host else batch
-
-
-def _host_fields(source: BatchSource) -> frozenset[str]:
-    return frozenset(getattr(source, "host_fields", ()))
-
-
-def _eval_pass(run: Callable, state: Any, totals: Sums, source: BatchSource, sharding) -> dict:
-    serialize = _serialize_steps(sharding)
-    host = _host_fields(source)
-    with DeviceFeed(source, sharding) as feed:
-        for batch in feed:
-            totals = run(state, totals, _device_part(batch, host))
-            if serialize:
-                jax.block_until_ready(totals)
-    return _to_host(totals)
-
-
-def _sharding(mesh: MeshLike) -> NamedSharding:
-    if isinstance(mesh, Sequence):
-        mesh = data_mesh(list(mesh))
-    return batch_sharding(mesh)
 
 
 def run_settings(train: BatchSource, settings: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -260,7 +118,7 @@ class _Loop:
             return state, totals
         self.step, self.epoch, self.next_batch = restored.step, restored.epoch, restored.next_batch
         self.history = restored.history
-        self.counted = _to_host(restored.totals)["count"]
+        self.counted = to_host(restored.totals)["count"]
         if restored.data_state is not None:
             if not hasattr(self.train, "restore_data_state"):
                 raise ValueError(
@@ -323,8 +181,8 @@ class _Loop:
         """Steps through ``feed`` to the epoch's end; returns the new state and
         sums and the seconds the device may have idled waiting for data."""
         every = self.checkpointer.config.every if self.checkpointer else None
-        serialize = _serialize_steps(self.sharding)
-        host = _host_fields(self.train)
+        serialize = serialize_steps(self.sharding)
+        host = host_fields(self.train)
         wait, save_due = 0.0, False
         bar = tqdm(
             total=feed.num_batches,
@@ -351,7 +209,7 @@ class _Loop:
                     raise self.stopped()
                 if save_due:
                     self.save(state, totals)
-                batch = _device_part(batch, host)
+                batch = device_part(batch, host)
                 state, totals = run(state, totals, batch)
                 if serialize:
                     jax.block_until_ready(totals)
@@ -362,11 +220,11 @@ class _Loop:
                 bar.update(n)
 
     def record(self, totals: Sums, seconds: float, wait: float) -> dict:
-        sums = _to_host(totals)
+        sums = to_host(totals)
         return {
             "epoch": self.epoch + 1,
             "step": self.step,
-            **_means(sums),
+            **means(sums),
             "seconds": seconds,
             "samples_per_second": (sums["count"] - self.counted) / seconds,
             "data_wait_fraction": wait / seconds,
@@ -430,15 +288,15 @@ def fit(
         raise ValueError("resume=True needs checkpoint=DIRECTORY to resume from")
     if checkpoint is not None and not isinstance(checkpoint, Checkpointing):
         checkpoint = Checkpointing(checkpoint)
-    sharding = _sharding(mesh)
+    sharding = batch_sharding_of(mesh)
     replicated = NamedSharding(sharding.mesh, PartitionSpec())
     # A copy: the steps donate the state, and the caller's arrays must outlive fit.
     state = jax.device_put(state, replicated, may_alias=False)
-    zeros = jax.device_put(_trace_step(step, state, train), replicated)
+    zeros = jax.device_put(trace_step(step, state, train), replicated)
     if eval is not None:
-        eval_zeros = jax.device_put(_trace_eval(eval_step, state, eval), replicated)
-        eval_run = jax.jit(lambda s, t, b: _add(t, eval_step(s, b)), out_shardings=replicated)
-    run = _compile(step, steps_per_transfer, replicated)
+        eval_zeros = jax.device_put(trace_eval(eval_step, state, eval), replicated)
+        eval_run = jax.jit(lambda s, t, b: add_sums(t, eval_step(s, b)), out_shardings=replicated)
+    run = compile_step(step, steps_per_transfer, replicated)
     loop = _Loop(train, sharding, steps_per_transfer, progress)
     totals, feed = zeros, None
     # A source whose stream state costs time keeps it only for checkpoints.
@@ -466,8 +324,8 @@ def fit(
                 jax.block_until_ready(totals)
                 record = loop.record(totals, time.perf_counter() - started, wait)
                 if eval is not None:
-                    eval_sums = _eval_pass(eval_run, state, eval_zeros, eval, sharding)
-                    record |= _means(eval_sums, "eval_")
+                    eval_sums = eval_pass(eval_run, state, eval_zeros, eval, sharding)
+                    record |= means(eval_sums, "eval_")
                 loop.history.append(record)
                 loop.epoch, loop.next_batch, loop.counted, totals = loop.epoch + 1, 0, 0.0, zeros
                 loop.save(state, totals)
