@@ -20,7 +20,7 @@ import dataclasses
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
-from loaders import wrap_sampled, wrap_streams, wrap_torch
+from loaders import torch_workers, wrap_sampled, wrap_streams, wrap_torch
 from loaders.sampler import Sampler
 from loaders.wrap_epochs import Epochs, WrapSettings
 from loaders.wrap_sampled import RandomAccess
@@ -76,7 +76,7 @@ def _sampled(kind: str, access: RandomAccess, settings: WrapSettings) -> Epochs:
 def _torch(loader: Any, settings: WrapSettings, **_: Any) -> Epochs:
     """A torch ``DataLoader``: in sampler order when it shuffles (or not) with
     torch's own samplers (`wrap_sampled.torch_loader`), else in its own order."""
-    context = wrap_sampled.worker_context(loader)
+    context = torch_workers.worker_context(loader)
     access = wrap_sampled.torch_loader(loader, context)
     if isinstance(access, RandomAccess):
         return _sampled("torch DataLoader", access, settings)
