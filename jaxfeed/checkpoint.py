@@ -49,7 +49,7 @@ class Checkpointing:
 
     def __post_init__(self) -> None:
         for name, value in (("every", self.every), ("keep", self.keep)):
-            if value is None and name == "every":
+            if value is None and name == "every":  # every=None: at epoch ends only
                 continue
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"Checkpointing.{name} must be an integer >= 1, got {value!r}")

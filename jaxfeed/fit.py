@@ -29,9 +29,9 @@ from jaxfeed.steps import (
     MeshLike,
     Step,
     Sums,
-    add_sums,
     batch_mask,
     batch_sharding_of,
+    compile_eval,
     compile_step,
     device_part,
     eval_pass,
@@ -40,7 +40,6 @@ from jaxfeed.steps import (
     means,
     serialize_steps,
     to_host,
-    trace_eval,
     trace_step,
 )
 from loaders.protocol import BatchSource
@@ -294,8 +293,7 @@ def fit(
     state = jax.device_put(state, replicated, may_alias=False)
     zeros = jax.device_put(trace_step(step, state, train), replicated)
     if eval is not None:
-        eval_zeros = jax.device_put(trace_eval(eval_step, state, eval), replicated)
-        eval_run = jax.jit(lambda s, t, b: add_sums(t, eval_step(s, b)), out_shardings=replicated)
+        eval_run, eval_zeros = compile_eval(eval_step, state, eval, replicated)
     run = compile_step(step, steps_per_transfer, replicated)
     loop = _Loop(train, sharding, steps_per_transfer, progress)
     totals, feed = zeros, None
