@@ -8,7 +8,7 @@ checks ``wrap``'s ``host_fields=`` / ``pad_to=`` before any batch is read.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -19,6 +19,18 @@ from loaders.sampler import check_int
 from loaders.source import pad_rows
 
 DEFAULT_KEYS = ("image", "label")  # the names of a 2-tuple batch's parts
+
+
+def map_leaves(fn: Callable[..., Any], tree: Any, *rest: Any) -> Any:
+    """``fn`` over the leaves of a raw batch's structure (nested dicts,
+    tuples, lists and namedtuples), in order, keeping the structure; ``rest``
+    are trees of the same structure whose leaves are passed along."""
+    if isinstance(tree, Mapping):
+        return {k: map_leaves(fn, v, *(r[k] for r in rest)) for k, v in tree.items()}
+    if isinstance(tree, tuple | list):
+        parts = [map_leaves(fn, *branch) for branch in zip(tree, *rest, strict=True)]
+        return type(tree)(*parts) if hasattr(tree, "_fields") else type(tree)(parts)
+    return fn(tree, *rest)
 
 
 def flatten(raw: Any, keys: tuple[str, ...] | None) -> Batch:

@@ -18,10 +18,12 @@ from __future__ import annotations
 
 import dataclasses
 import sys
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
+
+from loaders.wrap_batch import map_leaves
 
 # Reads ``(epoch, index batches)`` -> one raw batch per index batch, in order.
 Read = Callable[[int, Sequence[np.ndarray]], Iterator[Any]]
@@ -50,13 +52,7 @@ class RandomAccess:
 def stack(records: Sequence[Any]) -> Any:
     """Records (nested dicts / tuples of arrays or scalars) as one batch:
     every leaf stacked along a new leading axis."""
-    first = records[0]
-    if isinstance(first, Mapping):
-        return {key: stack([r[key] for r in records]) for key in first}
-    if isinstance(first, tuple | list):
-        parts = [stack([r[i] for r in records]) for i in range(len(first))]
-        return type(first)(*parts) if hasattr(first, "_fields") else type(first)(parts)
-    return np.stack([np.asarray(r) for r in records])
+    return map_leaves(lambda *leaves: np.stack([np.asarray(x) for x in leaves]), *records)
 
 
 def _class_names(obj: Any) -> set[str]:
@@ -280,18 +276,9 @@ def _in_grain_workers(read: Read, options: Any) -> Read:
         batches = grain.MapDataset.source(list(plan)).map(one).to_iter_dataset()
         for batch in batches.mp_prefetch(options):
             # Workers hand batches over in shared memory: a copy frees it now.
-            yield _copied(batch)
+            yield map_leaves(np.array, batch)
 
     return read_in_workers
-
-
-def _copied(tree: Any) -> Any:
-    if isinstance(tree, Mapping):
-        return {key: _copied(value) for key, value in tree.items()}
-    if isinstance(tree, tuple | list):
-        parts = [_copied(value) for value in tree]
-        return type(tree)(*parts) if hasattr(tree, "_fields") else type(tree)(parts)
-    return np.array(tree)
 
 
 # --- Hugging Face, TFDS ------------------------------------------------------

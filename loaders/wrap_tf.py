@@ -20,11 +20,12 @@ import base64
 import os
 import re
 import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
+from loaders.wrap_batch import map_leaves
 from loaders.wrap_epochs import Epochs, WrapSettings
 from loaders.wrap_streams import own_order, stream_epochs
 
@@ -35,14 +36,10 @@ def _leading_dim(spec: Any) -> int | None:
     return None if rank is None else 0 if rank == 0 else spec.shape[0]
 
 
-def _leaves(tree: Any) -> Iterator[Any]:
-    if isinstance(tree, Mapping):
-        tree = tree.values()
-    elif not isinstance(tree, tuple | list):
-        yield tree
-        return
-    for subtree in tree:
-        yield from _leaves(subtree)
+def _leaves(tree: Any) -> list[Any]:
+    leaves: list[Any] = []
+    map_leaves(leaves.append, tree)
+    return leaves
 
 
 def tf_stream(dataset: Any, settings: WrapSettings, **_: Any) -> Epochs:
@@ -263,21 +260,11 @@ def _empty_like(tree: Any, spec: Any) -> Any:
     like ``spec`` with unknown dims 0). Another iterator would draw from the
     random state the live one shares, so none is made for a template."""
     if tree is None:
-        return _empty_like(_zeros_of(spec), spec)
-    if isinstance(tree, Mapping):
-        return {k: _empty_like(v, None) for k, v in tree.items()}
-    if isinstance(tree, tuple | list):
-        parts = [_empty_like(v, None) for v in tree]
-        return type(tree)(*parts) if hasattr(tree, "_fields") else type(tree)(parts)
-    return np.asarray(tree)[:0]
+        tree = map_leaves(_zeros_of, spec)
+    return map_leaves(lambda leaf: np.asarray(leaf)[:0], tree)
 
 
-def _zeros_of(spec: Any) -> Any:
-    if isinstance(spec, Mapping):
-        return {k: _zeros_of(v) for k, v in spec.items()}
-    if isinstance(spec, tuple | list):
-        parts = [_zeros_of(v) for v in spec]
-        return type(spec)(*parts) if hasattr(spec, "_fields") else type(spec)(parts)
+def _zeros_of(spec: Any) -> np.ndarray:
     shape = [0 if d is None else d for d in spec.shape]
     return np.zeros(shape, spec.dtype.as_numpy_dtype)
 
