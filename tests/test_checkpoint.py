@@ -83,36 +83,49 @@ def _fit(source, directory, epochs=3, **kwargs):
     )
 
 
-def test_a_stream_resumes_from_its_own_state_after_a_crash(tmp_path):
-    expected = _fit(ResumableStream(), tmp_path / "whole", progress=False)
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """An uninterrupted run, and the checkpoints of one whose loader crashed
+    at batch 5 of epoch 1 (each test resumes from its own copy of them)."""
+    root = tmp_path_factory.mktemp("checkpoints")
+    expected = _fit(ResumableStream(), root / "whole", progress=False)
     with pytest.raises(RuntimeError, match="the loader crashed"):
-        _fit(ResumableStream(fail_at=(1, 5)), tmp_path / "crashed", progress=False)
+        _fit(ResumableStream(fail_at=(1, 5)), root / "crashed", progress=False)
+    return expected, root
+
+
+def _crashed(runs, tmp_path):
+    return shutil.copytree(runs[1] / "crashed", tmp_path / "crashed")
+
+
+def test_a_stream_resumes_from_its_own_state_after_a_crash(runs, tmp_path):
+    expected, root = runs
+    crashed = _crashed(runs, tmp_path)
     # Saved every 2 steps (6 per epoch); the feed had read up to batch 4 of epoch 1.
-    saved = latest(tmp_path / "crashed")
+    saved = latest(crashed)
     assert (saved["step"], saved["epoch"], saved["next_batch"]) == (10, 1, 4)
     assert saved["data_state"] is True
-    (data_file,) = (tmp_path / "crashed" / "10" / "data").glob("*.json")
+    (data_file,) = (crashed / "10" / "data").glob("*.json")
     assert data_file.name == "process_0-of-1.json"
     data_state = json.loads(data_file.read_text())
 
     fresh = ResumableStream()
-    resumed = _fit(fresh, tmp_path / "crashed", resume=True, progress=False)
+    resumed = _fit(fresh, crashed, resume=True, progress=False)
     assert fresh.restored == [data_state]
     np.testing.assert_array_equal(np.asarray(resumed.state["w"]), np.asarray(expected.state["w"]))
     assert [m["loss"] for m in resumed.history] == [m["loss"] for m in expected.history]
     # keep=2: only the two newest checkpoints are left.
-    assert sorted(int(p.name) for p in (tmp_path / "whole").iterdir()) == [16, 18]
+    assert sorted(int(p.name) for p in (root / "whole").iterdir()) == [16, 18]
 
 
-def test_a_stream_state_that_cannot_be_restored_is_refused(tmp_path):
-    with pytest.raises(RuntimeError):
-        _fit(ResumableStream(fail_at=(1, 5)), tmp_path / "crashed", progress=False)
+def test_a_stream_state_that_cannot_be_restored_is_refused(runs, tmp_path):
+    expected, _ = runs
+    crashed = _crashed(runs, tmp_path)
     with pytest.raises(ValueError, match=r"\(Stream\) has no restore_data_state\(\); resume with"):
-        _fit(Stream(), tmp_path / "crashed", resume=True, progress=False)
+        _fit(Stream(), crashed, resume=True, progress=False)
     # What the error prevents: by position alone the stream would give other batches.
-    expected = _fit(ResumableStream(), tmp_path / "whole", progress=False)
     ignores = ResumableStream(restores=False)
-    resumed = _fit(ignores, tmp_path / "crashed", resume=True, progress=False)
+    resumed = _fit(ignores, crashed, resume=True, progress=False)
     assert len(ignores.restored) == 1
     assert not np.array_equal(np.asarray(resumed.state["w"]), np.asarray(expected.state["w"]))
 
@@ -122,7 +135,8 @@ def test_a_checkpoint_of_another_model_is_refused(tmp_path):
     other = {"w": jnp.zeros((FEATURES, CLASSES)), "b": jnp.zeros((CLASSES,))}
     with pytest.raises(ValueError, match=r"/6 holds a train state that does not fit this run's"):
         fit(
-            lambda state, batch: (state, {"count": jnp.float32(BATCH)}),
+            # The sums _step returns, so only the model (an extra "b") differs.
+            lambda state, batch: (state, {"loss": jnp.float32(0), "count": jnp.float32(BATCH)}),
             other,
             ResumableStream(),
             epochs=2,
