@@ -213,6 +213,24 @@ def test_random_access_kinds_read_in_the_shared_order(kind, make_kind, arrays):
     assert sorted(reads) == plan_rows(1, 5)
 
 
+def test_an_hf_dataset_gives_every_row_of_batches_whose_last_index_breaks_the_run():
+    import datasets
+
+    # Batches of 2: a shuffled pair [3, 7] is a run of one then one other row;
+    # an unshuffled last batch [8, 9, pad...] is a run then padding. Each must
+    # be read as its own rows (a run-then-tail shortcut once repeated row 3).
+    rows = {"x": np.arange(10, dtype=np.int32)}
+    for shuffle, batch_size in ((True, 2), (False, 4)):
+        source = loaders.wrap(
+            datasets.Dataset.from_dict(rows), batch_size=batch_size, seed=SEED, shuffle=shuffle
+        )
+        made = loaders.make(
+            "numpy", dataset=rows, batch_size=batch_size, seed=SEED, shuffle=shuffle
+        )
+        for epoch in (0, 1):
+            assert_batches_equal(list(source.iter_epoch(epoch)), list(made.iter_epoch(epoch)))
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_random_access_kinds_drop_remainder(kind, make_kind, arrays):
     obj, options, _ = make_kind(kind)
