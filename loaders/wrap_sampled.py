@@ -298,8 +298,10 @@ def hf_table(dataset: Any, columns: Sequence[str] | None) -> RandomAccess:
             if run == len(indices):
                 yield table[first : first + run]
             elif run > 1:  # e.g. an unshuffled last batch, then the plan's padding rows
-                head, rest = table[first : first + run], table[indices[run:].tolist()]
-                yield {key: _joined(head[key], rest[key]) for key in head}
+                # The padding repeats one row: each distinct row is read once.
+                rows, repeats = np.unique(indices[run:], return_inverse=True)
+                head, rest = table[first : first + run], table[rows.tolist()]
+                yield {key: _joined(head[key], rest[key], repeats) for key in head}
             else:
                 yield table[indices.tolist()]
 
@@ -312,11 +314,11 @@ def _contiguous_run(indices: np.ndarray) -> int:
     return int(breaks[0]) + 1 if len(breaks) else len(indices)
 
 
-def _joined(head: Any, rest: Any) -> Any:
-    """Two reads of one column (rows on axis 0) as one."""
+def _joined(head: Any, rest: Any, order: np.ndarray) -> Any:
+    """A column's ``head`` rows, then ``rest``'s rows in ``order`` (rows on axis 0)."""
     if isinstance(head, np.ndarray) and isinstance(rest, np.ndarray):
-        return np.concatenate([head, rest])
-    return list(head) + list(rest)
+        return np.concatenate([head, rest[order]])
+    return list(head) + [rest[i] for i in order]
 
 
 def _hf_reordered(dataset: Any) -> bool:
