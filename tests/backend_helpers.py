@@ -1,4 +1,6 @@
-"""Helpers shared by the backend test files (not tests themselves)."""
+"""Helpers shared by the test files (not tests themselves)."""
+
+import socket
 
 import numpy as np
 
@@ -31,3 +33,10 @@ def assert_same_batches(got: list[dict], want: list[dict]) -> None:
         for key in a:
             assert a[key].dtype == b[key].dtype and a[key].shape == b[key].shape, key
             np.testing.assert_array_equal(a[key], b[key], err_msg=key)
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now, for a loopback multi-process job."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

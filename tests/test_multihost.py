@@ -11,7 +11,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -20,6 +19,7 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
+from backend_helpers import free_port
 
 import loaders
 import sharding
@@ -35,14 +35,8 @@ BACKENDS = "numpy,torch,tf,grain,hf"
 TIMEOUT_SECONDS = 300
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _run_job(processes: int, out_dir: Path) -> list[dict]:
-    coordinator = f"127.0.0.1:{_free_port()}"
+    coordinator = f"127.0.0.1:{free_port()}"
     logs = [out_dir / f"process{i}.log" for i in range(processes)]
     children = []
     try:
@@ -151,7 +145,7 @@ def _finish(children: list[subprocess.Popen], logs: list[Path]) -> list[tuple[in
 
 def _cli_job(tmp_path: Path, *per_process: list[str] | None) -> list[tuple[int, str]]:
     """``jaxfeed train`` as process i with ``per_process[i]`` (None: never started)."""
-    coordinator, n = f"127.0.0.1:{_free_port()}", len(per_process)
+    coordinator, n = f"127.0.0.1:{free_port()}", len(per_process)
     started = [(i, args) for i, args in enumerate(per_process) if args is not None]
     logs = [tmp_path / f"process{i}.log" for i, _ in started]
     children = [
@@ -240,7 +234,7 @@ def test_a_peer_that_fails_early_is_reported_by_the_others(tmp_path):
 
 @pytest.mark.slow
 def test_a_peer_killed_during_the_agreement_is_named(tmp_path):
-    coordinator, settings = f"127.0.0.1:{_free_port()}", json.dumps({"seed": 0})
+    coordinator, settings = f"127.0.0.1:{free_port()}", json.dumps({"seed": 0})
     logs = [tmp_path / "process0.log", tmp_path / "process1.log"]
     children = [
         _start(
@@ -259,7 +253,7 @@ def test_a_peer_killed_during_the_agreement_is_named(tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize("killed", [0, 1])
 def test_a_peer_killed_during_training_stops_the_job(tmp_path, killed):
-    coordinator = f"127.0.0.1:{_free_port()}"
+    coordinator = f"127.0.0.1:{free_port()}"
     logs = [tmp_path / "process0.log", tmp_path / "process1.log"]
     args = ["--epochs", "1000", "--batch-size", "32", "--peer-timeout", PEER_TIMEOUT]
     children = [_start(_cli(coordinator, 2, i, *args), log) for i, log in enumerate(logs)]

@@ -13,7 +13,6 @@ import os
 import random
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -21,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from backend_helpers import free_port
 from resume_worker import train_in_process
 
 from jaxfeed.checkpoint import latest
@@ -219,15 +219,9 @@ def test_ctrl_c_saves_a_checkpoint_exits_130_and_resumes(tmp_path, reference):
     _assert_bit_identical(params, reference("--devices", "1"), stopped[0])
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _job(tmp_path: Path, name: str, *args: str) -> tuple[list[subprocess.Popen], list[Path]]:
     """2 processes of ``jaxfeed train`` on loopback, 2 CPU devices each."""
-    coordinator = f"127.0.0.1:{_free_port()}"
+    coordinator = f"127.0.0.1:{free_port()}"
     logs = [tmp_path / f"{name}{i}.log" for i in range(2)]
     job = ["--coordinator", coordinator, "--num-processes", "2"]
     children = [

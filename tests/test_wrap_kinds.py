@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from backend_helpers import assert_same_batches
 from wrap_worker import ArraysDataset, B, N, Records, make_arrays
 
 import loaders
@@ -50,15 +51,6 @@ def reference(arrays, epoch, start=0, *, shuffle=True, drop=False, seed=SEED, in
 def plan_rows(epoch, start, shuffle=True):
     sampler = Sampler(N, B, SEED, shuffle)
     return sorted(np.concatenate([i for i, _ in sampler.epoch_plan(epoch, start)]).tolist())
-
-
-def assert_batches_equal(got, expected):
-    assert len(got) == len(expected)
-    for g, e in zip(got, expected, strict=True):
-        assert g.keys() == e.keys()
-        for key in e:
-            assert g[key].dtype == e[key].dtype, key
-            np.testing.assert_array_equal(g[key], e[key], err_msg=key)
 
 
 def labels(source, epoch, **kwargs):
@@ -196,7 +188,7 @@ def test_random_access_kinds_read_in_the_shared_order(kind, make_kind, arrays):
     assert source.num_batches == 7 and source.batch_size == B
     epochs = [list(source.iter_epoch(epoch)) for epoch in (0, 1)]
     for epoch, batches in enumerate(epochs):
-        assert_batches_equal(batches, reference(arrays, epoch))
+        assert_same_batches(batches, reference(arrays, epoch))
     # A new order each epoch, every row once.
     orders = [np.concatenate([b["label"][b["mask"]] for b in batches]) for batches in epochs]
     assert sorted(orders[0]) == sorted(orders[1]) == list(range(N))
@@ -205,11 +197,11 @@ def test_random_access_kinds_read_in_the_shared_order(kind, make_kind, arrays):
     assert epochs[0][-1]["mask"].sum() == N - 6 * B
     # Byte-identical to make() over the same arrays.
     made = loaders.make("numpy", dataset=arrays, batch_size=B, seed=SEED, shuffle=True)
-    assert_batches_equal(epochs[1], list(made.iter_epoch(1)))
+    assert_same_batches(epochs[1], list(made.iter_epoch(1)))
     # An exact start reads only the rows of the batches it yields.
     reads.clear()
     resumed = list(source.iter_epoch(1, start=5))
-    assert_batches_equal(resumed, epochs[1][5:])
+    assert_same_batches(resumed, epochs[1][5:])
     assert sorted(reads) == plan_rows(1, 5)
 
 
@@ -228,7 +220,7 @@ def test_an_hf_dataset_gives_every_row_of_batches_whose_last_index_breaks_the_ru
             "numpy", dataset=rows, batch_size=batch_size, seed=SEED, shuffle=shuffle
         )
         for epoch in (0, 1):
-            assert_batches_equal(list(source.iter_epoch(epoch)), list(made.iter_epoch(epoch)))
+            assert_same_batches(list(source.iter_epoch(epoch)), list(made.iter_epoch(epoch)))
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -236,7 +228,7 @@ def test_random_access_kinds_drop_remainder(kind, make_kind, arrays):
     obj, options, _ = make_kind(kind)
     source = loaders.wrap(obj, seed=SEED, shuffle=True, drop_remainder=True, **options)
     assert source.num_batches == 6
-    assert_batches_equal(list(source.iter_epoch(2)), reference(arrays, 2, drop=True))
+    assert_same_batches(list(source.iter_epoch(2)), reference(arrays, 2, drop=True))
 
 
 def test_what_shuffle_none_means_per_kind(arrays, make_kind):
@@ -330,7 +322,7 @@ def test_unbatched_grain_map_dataset_batches_with_batch_size(arrays):
     rows, _ = _grain_rows(arrays)
     source = loaders.wrap(rows, batch_size=B)
     assert source.num_batches == 7
-    assert_batches_equal(list(source.iter_epoch(0)), reference(arrays, 0, shuffle=False))
+    assert_same_batches(list(source.iter_epoch(0)), reference(arrays, 0, shuffle=False))
     with pytest.raises(ValueError, match=r"grain.MapDataset yields single rows; pass batch_size="):
         loaders.wrap(rows)
     with pytest.raises(ValueError, match=r"grain.MapDataset yields batches of 16 but batch_size=8"):
@@ -345,8 +337,8 @@ def test_torch_loader_with_two_workers_is_spawned_and_keeps_the_order(arrays):
     )
     source = loaders.wrap(loader, seed=SEED)
     for epoch in (0, 1):
-        assert_batches_equal(list(source.iter_epoch(epoch)), reference(arrays, epoch))
-    assert_batches_equal(list(source.iter_epoch(1, start=4)), reference(arrays, 1, 4))
+        assert_same_batches(list(source.iter_epoch(epoch)), reference(arrays, epoch))
+    assert_same_batches(list(source.iter_epoch(1, start=4)), reference(arrays, 1, 4))
 
 
 def _fork_report(*args):
@@ -458,4 +450,4 @@ def test_grain_loader_workers_make_the_batches_in_order(arrays):
     )
     # One epoch: each starts its workers (spawned, a few seconds).
     source = loaders.wrap(loader, seed=SEED)
-    assert_batches_equal(list(source.iter_epoch(0)), reference(arrays, 0))
+    assert_same_batches(list(source.iter_epoch(0)), reference(arrays, 0))
