@@ -55,7 +55,7 @@ def stack(records: Sequence[Any]) -> Any:
     return map_leaves(lambda *leaves: np.stack([np.asarray(x) for x in leaves]), *records)
 
 
-def _class_names(obj: Any) -> set[str]:
+def class_names(obj: Any) -> set[str]:
     return {c.__name__ for c in type(obj).__mro__}
 
 
@@ -80,7 +80,7 @@ def torch_loader(loader: Any, context: Any) -> RandomAccess | str:
     Returns:
       The reader, or why the loader keeps its own order (a sentence).
     """
-    if "IterableDataset" in _class_names(loader.dataset):
+    if "IterableDataset" in class_names(loader.dataset):
         return "it reads an IterableDataset (a stream)"
     if loader.batch_sampler is None:
         return "it was built with batch_size=None (its dataset yields whole batches)"
@@ -128,19 +128,30 @@ def loader_options(loader: Any) -> dict[str, Any]:
     return {name: getattr(loader, name) for name in names if hasattr(loader, name)}
 
 
-def rebuilt_loader(loader: Any, context: Any) -> Any:
-    """``loader`` with the same order and options but ``context`` for its workers."""
-    from torch.utils.data import DataLoader
-
+def rebuilt_loader(loader: Any, context: Any, cls: type | None = None) -> Any:
+    """``loader``'s dataset, order and options as a new ``cls`` (torch's
+    ``DataLoader`` by default, or torchdata's ``StatefulDataLoader``), its
+    workers started with ``context``. The user's sampler objects are reused,
+    so a ``set_epoch`` on them still reaches the new loader; a plain
+    ``BatchSampler`` over its sampler is rebuilt from its parts (which a
+    ``StatefulDataLoader`` can checkpoint)."""
+    if cls is None:
+        from torch.utils.data import DataLoader as cls
     kwargs = {**loader_options(loader), "multiprocessing_context": context}
-    if "IterableDataset" in _class_names(loader.dataset):
-        return DataLoader(
-            loader.dataset, batch_size=loader.batch_size, drop_last=loader.drop_last, **kwargs
+    dataset, batches = loader.dataset, loader.batch_sampler
+    iterable = "IterableDataset" in class_names(dataset)
+    if iterable or (type(batches).__name__ == "BatchSampler" and batches.sampler is loader.sampler):
+        sampler = None if iterable else loader.sampler
+        return cls(
+            dataset,
+            batch_size=loader.batch_size,
+            sampler=sampler,
+            drop_last=loader.drop_last,
+            **kwargs,
         )
-    if loader.batch_sampler is not None:
-        # The same batch sampler object: a set_epoch on the user's sampler still reaches it.
-        return DataLoader(loader.dataset, batch_sampler=loader.batch_sampler, **kwargs)
-    return DataLoader(loader.dataset, batch_size=None, sampler=loader.sampler, **kwargs)
+    if batches is not None:
+        return cls(dataset, batch_sampler=batches, **kwargs)
+    return cls(dataset, batch_size=None, sampler=loader.sampler, **kwargs)
 
 
 def _torch_reader(dataset: Any, kwargs: dict[str, Any]) -> Callable[..., Iterator[Any]]:
@@ -223,7 +234,7 @@ def grain_endless(dataset: Any) -> bool:
     todo = [dataset]
     while todo:
         node = todo.pop()
-        if "MapDataset" in _class_names(node) and len(node) >= sys.maxsize:
+        if "MapDataset" in class_names(node) and len(node) >= sys.maxsize:
             return True
         todo.extend(getattr(node, "parents", ()))
     return False

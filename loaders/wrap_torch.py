@@ -139,27 +139,10 @@ def stateful_loader(loader: Any, context: Any) -> Any:
         if context is loader.multiprocessing_context:
             return loader
         return wrap_sampled.rebuilt_loader(loader, context)
-    kwargs = {**wrap_sampled.loader_options(loader), "multiprocessing_context": context}
-    dataset = loader.dataset
-    batches = loader.batch_sampler
     with warnings.catch_warnings():
         # torchdata 0.11 calls torch.set_vital, deprecated in torch 2.13.
         warnings.filterwarnings("ignore", message=".*set_vital", category=UserWarning)
-        if "IterableDataset" in {c.__name__ for c in type(dataset).__mro__}:
-            return StatefulDataLoader(
-                dataset, batch_size=loader.batch_size, drop_last=loader.drop_last, **kwargs
-            )
-        if type(batches).__name__ == "BatchSampler" and batches.sampler is loader.sampler:
-            return StatefulDataLoader(
-                dataset,
-                batch_size=loader.batch_size,
-                sampler=loader.sampler,
-                drop_last=loader.drop_last,
-                **kwargs,
-            )
-        if batches is not None:
-            return StatefulDataLoader(dataset, batch_sampler=batches, **kwargs)
-        return StatefulDataLoader(dataset, batch_size=None, sampler=loader.sampler, **kwargs)
+        return wrap_sampled.rebuilt_loader(loader, context, StatefulDataLoader)
 
 
 def torch_loader(loader: Any, settings: WrapSettings, why: str, context: Any) -> Epochs:
@@ -177,7 +160,7 @@ def torch_loader(loader: Any, settings: WrapSettings, why: str, context: Any) ->
     candidates += (getattr(loader.batch_sampler, "sampler", None),)
     setters = {id(c): c.set_epoch for c in candidates if callable(getattr(c, "set_epoch", None))}
     own_order(kind, settings, why)
-    if "IterableDataset" in {c.__name__ for c in type(loader.dataset).__mro__}:
+    if "IterableDataset" in wrap_sampled.class_names(loader.dataset):
         fix = SHARD_YOURSELF.replace("Shard it yourself", "Shard it in the dataset's __iter__")
     else:
         fix = (
