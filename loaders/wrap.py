@@ -134,12 +134,21 @@ class WrappedSource:
                 f"this data state was taken from a wrapped {kind!r}, but this source wraps "
                 f"{self.kind!r}; resume with the loader the checkpoint was written with"
             )
+        dropped = []
+        if self._epochs.stream is not None:
+            try:  # checked before anything is restored
+                dropped = [int(i) for i in state["dropped"]]
+            except (KeyError, TypeError, ValueError) as error:
+                raise ValueError(
+                    f"not a data state of a wrapped stream ({error!r}); pass what "
+                    f"data_state() returned, unchanged"
+                ) from None
         held, self._held = self._held, None
         if held is not None:
             held[1].close()
         if self._epochs.stream is not None:
             epoch, _ = self._epochs.stream.restore(state["stream"])
-            self._dropped = {epoch: [int(i) for i in state["dropped"]]}
+            self._dropped = {epoch: dropped}
 
     def _raw(self, epoch: int, start: int) -> int:
         """The loader's own index of ``epoch``'s batch ``start``: short batches

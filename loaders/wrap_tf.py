@@ -77,7 +77,7 @@ def tf_stream(dataset: Any, settings: WrapSettings, **_: Any) -> Epochs:
         dataset = dataset.shard(count, index)
     pad_to = None
     if count > 1 and cardinality >= 0:
-        num = pad_to = _shard_batches(rows, cardinality, settings, native, full)
+        num = pad_to = _shard_batches(rows, cardinality, settings, full)
     cursor = TfCursor(dataset, pad_to)
     rows = rows if rows is not None and rows >= 0 else None
     return stream_epochs(
@@ -91,9 +91,7 @@ def tf_stream(dataset: Any, settings: WrapSettings, **_: Any) -> Epochs:
     )
 
 
-def _shard_batches(
-    rows: int | None, batches: int, settings: WrapSettings, native: int | None, full: bool
-) -> int:
+def _shard_batches(rows: int | None, batches: int, settings: WrapSettings, full: bool) -> int:
     """Batches per epoch on every process, the fewest (short batches dropped)
     or the most (the missing ones padded) that any process's shard holds."""
     count, drop = settings.process_count, settings.drop_remainder
@@ -135,7 +133,7 @@ class TfCursor:
         self.keep_state = True  # False: no checkpoints taken (nothing will ask for one)
         self._iterator: Any = None
         self._start: dict[str, str] | None = None  # the checkpoint of this pass's start
-        self._served = self._read = 0  # batches of this pass: served (pads too), and read
+        self._served = 0  # batches of this pass served, padding ones too
         self._template: Any = None  # a real batch, shaped like the empty padding ones
 
     @property
@@ -151,12 +149,12 @@ class TfCursor:
     def begin(self, pass_: int, state: Any, in_pass: int) -> None:
         self._iterator = None  # its buffers are let go before the next ones fill
         self._iterator = self._dataset.as_numpy_iterator()
-        self._served = self._read = 0
+        self._served = 0
         if state is None:
             self._start = None if self._endless else self._checkpoint()
             return
         self._restore(state["files"])
-        self._served = self._read = state["at"]
+        self._served = state["at"]
         self._start = None if self._endless else state["files"]
         for _ in range(in_pass - state["at"]):  # read again up to the position
             self.next()
@@ -166,7 +164,6 @@ class TfCursor:
             raise StopIteration  # (several processes: this shard has more batches than all)
         try:
             batch = next(self._iterator)
-            self._read += 1
             self._template = batch if self._template is None else self._template
         except StopIteration:
             if self._pad_to is None or self._served >= self._pad_to:

@@ -68,6 +68,13 @@ class TorchCursor(IterCursor):
         for set_epoch in self._setters:
             set_epoch(pass_)
         if state is not None:
+            if len(state["generators"]) != len(self._generators):
+                raise ValueError(
+                    f"this data state holds {len(state['generators'])} torch generator "
+                    f"state(s), but this loader draws from {len(self._generators)} (its "
+                    f"sampler's, loader's and dataset's generator); resume with a loader "
+                    f"built like the one the state was taken from"
+                )
             for generator, saved in zip(self._generators, state["generators"], strict=True):
                 data = np.frombuffer(base64.b64decode(saved), np.uint8).copy()
                 generator.set_state(torch.from_numpy(data))

@@ -167,6 +167,7 @@ def test_callables_and_custom_iterables_refuse_a_mid_epoch_position(make, messag
 
 def test_resume_replay_is_only_for_callables_and_custom_iterables():
     import tensorflow as tf
+
     dataset = tf.data.Dataset.from_tensor_slices({"label": np.arange(8)}).batch(4)
     with pytest.raises(ValueError, match=r"resume='replay': only resume='replay' exists, for"):
         loaders.wrap(dataset, resume="replay")
@@ -320,6 +321,19 @@ def test_restore_refuses_another_kinds_state():
         ValueError, match=r"taken from a wrapped 'tf.data.Dataset', but this source wraps 'a re-it"
     ):
         source.restore_data_state({"kind": "tf.data.Dataset", "epoch": 0, "next_batch": 0})
+
+
+def test_restore_refuses_a_malformed_state_before_changing_the_stream():
+    import tensorflow as tf
+
+    rows = tf.data.Dataset.from_tensor_slices({"label": np.arange(12)})
+    source = loaders.wrap(rows.shuffle(12, seed=2).batch(4))
+    want = [b["label"].tolist() for b in source.iter_epoch(0)]
+    state = source.data_state(0, 1)
+    del state["dropped"]
+    with pytest.raises(ValueError, match=r"not a data state of a wrapped stream \(KeyError\('dro"):
+        source.restore_data_state(state)
+    assert [b["label"].tolist() for b in source.iter_epoch(0, start=1)] == want[1:]
 
 
 # --- end to end: jaxfeed.fit killed mid-epoch -------------------------------------------
