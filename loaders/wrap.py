@@ -13,11 +13,10 @@ from typing import Any
 import numpy as np
 
 from loaders import wrap_batch
+from loaders.array_dataset import MASK_KEY
 from loaders.protocol import ArraySpec, Batch, BatchSource
 from loaders.sampler import check_batch_size, check_int, check_position, check_seed
 from loaders.wrap_kinds import KINDS, REPLAYABLE, Epochs, WrapSettings
-
-MASK = "mask"  # the row mask's name: True on real rows, False on padding rows
 
 
 class WrappedSource:
@@ -235,7 +234,7 @@ class WrappedSource:
                 return None, rows
             batch = {k: wrap_batch.pad_batch_rows(v, size) for k, v in batch.items()}
         if not self.drop_remainder:
-            batch[MASK] = self._full_mask(size) if rows == size else np.arange(size) < rows
+            batch[MASK_KEY] = self._full_mask(size) if rows == size else np.arange(size) < rows
         if not self._spec_from:
             self._spec, self._spec_from = self._spec_of(batch), where
         elif not self._matches_spec(batch):
@@ -268,9 +267,9 @@ class WrappedSource:
         return self._all_rows
 
     def _check_names(self, batch: Batch, where: str) -> None:
-        if MASK in batch:
+        if MASK_KEY in batch:
             raise ValueError(
-                f"{where}: the loader's batches have a field {MASK!r}, the name wrap gives "
+                f"{where}: the loader's batches have a field {MASK_KEY!r}, the name wrap gives "
                 f"its row mask (False on padding rows); rename yours, e.g. "
                 f"transform=lambda b: {{'attention_mask' if k == 'mask' else k: v "
                 f"for k, v in b.items()}}, or keys=(...) for tuple batches"
