@@ -147,6 +147,12 @@ class Sampler:
         # SeedSequence((seed, epoch)): independent, reproducible stream per epoch.
         return np.random.default_rng((self.seed, epoch)).permutation(self.num_examples)
 
+    def num_valid(self, step: int) -> int:
+        """The real rows of this process's batch ``step`` of any epoch (the
+        rest of its ``epoch_plan`` indices are padding)."""
+        lo = step * self.global_batch_size + self.process_index * self.batch_size
+        return max(0, min(self.batch_size, self.num_examples - lo))
+
     def epoch_plan(self, epoch: int, start: int = 0) -> Iterator[tuple[np.ndarray, int]]:
         """Yields ``(indices, num_valid)`` for batches ``start..num_batches-1``.
 
@@ -159,7 +165,7 @@ class Sampler:
         for step in range(start, self.num_batches):
             lo = step * self.global_batch_size + self.process_index * self.batch_size
             indices = perm[lo : lo + self.batch_size]
-            num_valid = len(indices)
+            num_valid = self.num_valid(step)
             if num_valid < self.batch_size:
                 pad = np.full(self.batch_size - num_valid, perm[0], dtype=perm.dtype)
                 indices = np.concatenate([indices, pad])

@@ -168,7 +168,7 @@ class WrappedSource:
         valid = (
             itertools.repeat(None)
             if sampler is None
-            else (num_valid for _, num_valid in sampler.epoch_plan(epoch, start))
+            else map(sampler.num_valid, range(start, sampler.num_batches))
         )
         dropped = self._dropped.setdefault(epoch, [])
         for old in sorted(self._dropped)[:-3]:  # recent epochs only: those a resume asks for
