@@ -98,14 +98,17 @@ class IterCursor:
     own: a position is reached by reading its pass again up to it.
 
     Args:
-      make: ``pass_ -> iterator`` of that pass's raw batches.
+      make: ``pass_ -> iterator`` of that pass's raw batches (None for a
+        subclass that makes its passes in its own ``begin``).
       refusal: why reading a pass again may not give the same batches, or None.
     """
 
     per_batch = False
     restartable = True
 
-    def __init__(self, make: Callable[[int], Iterator[Any]], refusal: str | None = None):
+    def __init__(
+        self, make: Callable[[int], Iterator[Any]] | None = None, refusal: str | None = None
+    ):
         self._make, self.refusal = make, refusal
         self._batches: Iterator[Any] | None = None
 
@@ -146,7 +149,7 @@ class HfCursor(IterCursor):
     ``state_dict`` when ``exact`` (no shuffle buffer), else none."""
 
     def __init__(self, dataset: Any, batch_size: int, drop: bool, exact: bool):
-        super().__init__(lambda pass_: iter(()))
+        super().__init__()
         self._dataset, self._batch_size, self._drop = dataset, batch_size, drop
         self.per_batch = exact
         self._dtypes = _declared_dtypes(dataset.features)

@@ -48,7 +48,7 @@ class TorchCursor(IterCursor):
     restartable = False
 
     def __init__(self, loader: Any, setters: list[Callable[[int], Any]], generators: list[Any]):
-        super().__init__(lambda pass_: iter(()))
+        super().__init__()
         self._loader, self._setters, self._generators = loader, setters, generators
         self.per_batch = hasattr(loader, "state_dict")
         if not self.per_batch:
