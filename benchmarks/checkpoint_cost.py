@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxfeed.checkpoint import Checkpointer, Checkpointing, latest
-from jaxfeed.train import TrainConfig, init_state
+from jaxfeed.mnist.train import TrainConfig, init_state
 
 SAVES = 11
 

@@ -31,9 +31,9 @@ import time
 
 import jax
 from common import SHARED_MNIST, write_record  # also puts the repo on sys.path
+from jaxfeed.sharding import DeviceFeed, batch_sharding, data_mesh, place_batch
 
-import loaders
-from sharding import DeviceFeed, batch_sharding, data_mesh, place_batch
+from jaxfeed import loaders
 
 
 def _epoch_seconds(run, epoch: int) -> float:

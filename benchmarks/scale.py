@@ -28,10 +28,10 @@ from pathlib import Path
 
 import numpy as np
 from common import RESULTS, SHARED_MNIST, git_state  # also puts the repo on sys.path
+from jaxfeed.loaders.data.cache import CACHE_ENV
+from jaxfeed.loaders.data.idx import write_idx
 
-import loaders
-from loaders.cache import CACHE_ENV
-from loaders.idx import write_idx
+from jaxfeed import loaders
 
 REAL = 10_000
 

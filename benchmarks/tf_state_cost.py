@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 from common import SHARED_MNIST, write_record  # also puts the repo on sys.path
 
-import loaders
+from jaxfeed import loaders
 
 
 def main() -> None:

@@ -13,7 +13,7 @@ the CPU figures. For each batch size (default 128 and 1024), on one device:
   ``steps_per_transfer`` k = 1 and k = 8: with the MNIST batches, and with
   batches of 16 floats a row (``fixed``), where copying bytes costs next to
   nothing and what is left is the per-transfer and per-dispatch cost;
-* ``mlp``: `jaxfeed.train` epochs of the 784-512-512-10 MLP with k = 1 and
+* ``mlp``: `jaxfeed.mnist.train` epochs of the 784-512-512-10 MLP with k = 1 and
   k = 8: median epoch seconds (epochs 2..N), samples/s and data-wait.
 
 Writes ``benchmarks/results/train-step-<tag>.json``. From the repository root::
@@ -34,12 +34,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from common import SHARED_MNIST, write_record  # also puts the repo on sys.path
+from jaxfeed.sharding import DeviceFeed, batch_sharding, data_mesh
+from jaxfeed.sharding.prefetch import stack_transfer, transfer_sharding
 
-import loaders
-from jaxfeed import TrainConfig, train
-from jaxfeed.train import init_state, make_train_step
-from sharding import DeviceFeed, batch_sharding, data_mesh
-from sharding.prefetch import _stack, transfer_sharding
+from jaxfeed import loaders
+from jaxfeed.mnist import TrainConfig, train
+from jaxfeed.mnist.train import init_state, make_train_step
 
 
 class _Held:
@@ -129,9 +129,9 @@ def _breakdown_us(source, sharding, k: int, repeats: int) -> dict:
 
     def stack():  # one transfer at a time, as the feed does: its buffer is freed and reused
         for group in groups:
-            _stack(group, ())
+            stack_transfer(group, ())
 
-    transfers = [_stack(g, ()) for g in groups] if k > 1 else [g[0] for g in groups]
+    transfers = [stack_transfer(g, ()) for g in groups] if k > 1 else [g[0] for g in groups]
 
     def place():
         return [

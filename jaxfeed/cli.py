@@ -119,15 +119,16 @@ def _run_compare(args: argparse.Namespace, command: list[str]) -> int:
     set_devices(args.devices)
     import jax
 
-    import loaders
+    from jaxfeed import loaders
     from jaxfeed.compare.report import format_report, write_plot
     from jaxfeed.compare.run import CompareConfig, run
-    from sharding import data_mesh
+    from jaxfeed.loaders.backends import registry
+    from jaxfeed.sharding import data_mesh
 
     usable = [name for name, status in loaders.available().items() if "unavailable" not in status]
     names = args.loaders if args.loaders is not None else tuple(usable)
     for name in names:
-        loaders.registry.get(name)  # unknown or not installed: a clear error, before any work
+        registry.get(name)  # unknown or not installed: a clear error, before any work
     config = CompareConfig(
         backends=tuple(dict.fromkeys(names)),
         dataset=args.dataset,
@@ -153,7 +154,7 @@ def _run_compare(args: argparse.Namespace, command: list[str]) -> int:
 
 
 def _run_backends() -> int:
-    import loaders
+    from jaxfeed import loaders
 
     for name, status in loaders.available().items():
         print(f"{name:8s} {status}")

@@ -27,7 +27,7 @@ from jaxfeed.cli_args import (
     set_devices,
     subcommand,
 )
-from jaxfeed.train import TrainConfig  # already imported with the jaxfeed package
+from jaxfeed.mnist.train import TrainConfig  # already imported with the jaxfeed package
 
 
 def add_train(commands: argparse._SubParsersAction) -> None:
@@ -135,7 +135,7 @@ def _dataset_used(source: Any, requested: str) -> str:
 
 def _agreed_settings(args: argparse.Namespace, sources: dict[str, Any]) -> dict[str, Any]:
     """What every process of a job must have in common: its command line and data."""
-    from loaders.cache import fingerprint
+    from jaxfeed.loaders.data.cache import fingerprint
 
     settings = {
         name: getattr(args, name)
@@ -229,12 +229,12 @@ def run_train(args: argparse.Namespace) -> int:
     _check_checkpoint_args(args)
     import jax
 
-    import loaders
+    from jaxfeed import loaders
     from jaxfeed.checkpoint import Checkpointing
-    from jaxfeed.fit import run_settings
-    from jaxfeed.train import train
-    from sharding import announce_failure, check_agreement, data_mesh, initialize
-    from sharding.distributed import exit_now
+    from jaxfeed.loop import run_settings
+    from jaxfeed.mnist.train import train
+    from jaxfeed.sharding import announce_failure, check_agreement, data_mesh, initialize
+    from jaxfeed.sharding.distributed import exit_now
 
     initialize(args.coordinator, args.num_processes, args.process_id, timeout_s=args.peer_timeout)
     processes = jax.process_count()

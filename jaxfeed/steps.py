@@ -15,8 +15,9 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from loaders.protocol import BatchSource
-from sharding import DeviceFeed, batch_sharding, data_mesh
+from jaxfeed.loaders import protocol
+from jaxfeed.loaders.protocol import MASK_KEY, BatchSource
+from jaxfeed.sharding import DeviceFeed, batch_sharding, data_mesh
 
 Sums = dict[str, jax.Array]
 
@@ -33,8 +34,8 @@ def batch_mask(batch: Mapping[str, jax.Array]) -> jax.Array:
     A padded batch carries ``mask``; a batch without one is all real rows.
     Multiply per-row values by it before summing them into a step's metrics.
     """
-    if "mask" in batch:
-        return batch["mask"].astype(jnp.float32)
+    if MASK_KEY in batch:
+        return batch[MASK_KEY].astype(jnp.float32)
     rows = next(iter(batch.values())).shape[0]
     return jnp.ones((rows,), jnp.float32)
 
@@ -169,7 +170,7 @@ def device_part(batch: dict, host: frozenset[str]) -> dict:
 
 
 def host_fields(source: BatchSource) -> frozenset[str]:
-    return frozenset(getattr(source, "host_fields", ()))
+    return frozenset(protocol.host_fields(source))
 
 
 def eval_pass(run: Callable, state: Any, totals: Sums, source: BatchSource, sharding) -> dict:

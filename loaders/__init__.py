@@ -4,11 +4,20 @@ Importing this package imports none of torch, tensorflow, grain or datasets;
 each backend imports its framework only when it is used.
 """
 
-from loaders.datasets import DATASETS, ArrayDataset, load_dataset
-from loaders.protocol import ArraySpec, Batch, BatchSource
-from loaders.registry import BACKENDS, available, make
-from loaders.sampler import Sampler
-from loaders.wrap import wrap
+from jaxfeed.loaders.backends.registry import BACKENDS, available, make
+from jaxfeed.loaders.data.catalog import DATASETS, ArrayDataset, load_dataset
+from jaxfeed.loaders.protocol import (
+    MASK_KEY,
+    ArraySpec,
+    Batch,
+    BatchSource,
+    HostFields,
+    ProcessSlice,
+    Resumable,
+    SkipsDataState,
+)
+from jaxfeed.loaders.sampler import Sampler
+from jaxfeed.loaders.wrapping.wrapped_source import wrap
 
 __all__ = [
     "BACKENDS",
@@ -17,6 +26,11 @@ __all__ = [
     "ArraySpec",
     "Batch",
     "BatchSource",
+    "HostFields",
+    "MASK_KEY",
+    "ProcessSlice",
+    "Resumable",
+    "SkipsDataState",
     "Sampler",
     "available",
     "load_dataset",

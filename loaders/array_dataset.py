@@ -7,10 +7,10 @@ import types
 from collections.abc import Iterator, Mapping
 
 import numpy as np
+from jaxfeed.loaders.protocol import MASK_KEY
 
-__all__ = ["MASK_KEY", "ArrayDataset"]
+__all__ = ["ArrayDataset"]
 
-MASK_KEY = "mask"
 """The row mask a source adds to padded batches; no field may take its name."""
 _NUMERIC_KINDS = "biuf"  # bool, signed, unsigned, float: what every backend stores
 

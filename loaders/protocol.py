@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from typing import NamedTuple, Protocol, runtime_checkable
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
+
+MASK_KEY = "mask"
+"""The batch field that marks real rows (True) and padding rows (False)."""
 
 Batch = dict[str, np.ndarray]
 """A flat host batch: the dataset's own fields, ``[B, *row_shape]`` each, and
@@ -41,30 +44,17 @@ class BatchSource(Protocol):
       ``[0, 2**32 - 1]`` or a ``start`` outside ``[0, num_batches]``; an epoch
       with no batches at all is an error, never an empty iterator.
 
-    Optional ``host_fields``: names of leaves that stay host numpy (text, ids):
-    not in ``element_spec``, ``batch_size`` rows, dtype and trailing shape
-    free to vary; `DeviceFeed` passes them through unplaced.
+    Optional capabilities are protocols of their own, below: `HostFields`,
+    `ProcessSlice`, `Resumable` and `SkipsDataState`. Consumers test for them
+    with ``isinstance``; a source without them still feeds and trains.
 
-    Resuming (used by `jaxfeed.fit` checkpoints). A position is ``(epoch,
+    Resuming (used by `jaxfeed.fit` checkpoints): a position is ``(epoch,
     next_batch)``, restarted with ``iter_epoch(epoch, start=next_batch)``;
     built-in sources and sampler-ordered wraps restart there exactly without
-    reading the skipped batches. Two optional methods cover streams whose
-    position is more than a count:
-
-    * ``data_state(epoch, next_batch) -> dict``: a JSON-serialisable
-      snapshot of the source as it stood when batch ``next_batch - 1`` of
-      ``epoch`` had been produced (bytes base64-encoded by the source).
-    * ``restore_data_state(state)``: called with that dict before
-      ``iter_epoch(epoch, start=next_batch)`` in a fresh process.
-    * ``keep_data_state`` (a settable bool, default True): False tells a
-      source that no ``data_state`` will be asked for, so one whose state
-      costs time (a wrapped tf.data pipeline's checkpoint per epoch) can skip
-      it; ``data_state`` then raises. `jaxfeed.fit` sets it for its run: True
-      when it checkpoints, else False.
-
-    A source without them resumes by position alone; one that cannot do
-    that exactly must raise ``ValueError`` from ``iter_epoch`` when ``start``
-    > 0, saying why and what to use instead, never deliver other batches.
+    reading the skipped batches. A source that cannot restart exactly by
+    position alone is `Resumable`, or raises ``ValueError`` from
+    ``iter_epoch`` when ``start > 0``, saying why and what to use instead;
+    it never delivers other batches.
     """
 
     @property
@@ -77,3 +67,64 @@ class BatchSource(Protocol):
     def element_spec(self) -> Mapping[str, ArraySpec]: ...
 
     def iter_epoch(self, epoch: int = 0, *, start: int = 0) -> Iterator[Batch]: ...
+
+
+@runtime_checkable
+class HostFields(Protocol):
+    """A source some of whose batch fields stay host numpy (text, ids)."""
+
+    @property
+    def host_fields(self) -> tuple[str, ...]:
+        """Names of the leaves that are not in ``element_spec`` and never reach
+        a device: ``batch_size`` rows each, dtype and trailing shape free to
+        vary. `DeviceFeed` passes them through unplaced."""
+        ...
+
+
+@runtime_checkable
+class ProcessSlice(Protocol):
+    """A source made for one process of a multi-process job (every built-in one)."""
+
+    @property
+    def process_index(self) -> int:
+        """The process whose slice of every global batch this source yields."""
+        ...
+
+    @property
+    def process_count(self) -> int:
+        """The processes the global batch is split over. The feed refuses a
+        source made for another layout than the running job's."""
+        ...
+
+
+@runtime_checkable
+class Resumable(Protocol):
+    """A source whose position is more than ``(epoch, next_batch)`` (a stream)."""
+
+    def data_state(self, epoch: int, next_batch: int) -> dict[str, Any]:
+        """A JSON-serialisable snapshot of the source as it stood when batch
+        ``next_batch - 1`` of ``epoch`` had been produced (bytes
+        base64-encoded). Raises ``ValueError`` when it cannot come back there."""
+        ...
+
+    def restore_data_state(self, state: Mapping[str, Any]) -> None:
+        """Restores what `data_state` returned, in this or a fresh process;
+        ``iter_epoch(epoch, start=next_batch)`` is called next."""
+        ...
+
+
+@runtime_checkable
+class SkipsDataState(Protocol):
+    """A `Resumable` source whose state costs time even when nobody asks for it
+    (a wrapped tf.data pipeline takes a checkpoint at each epoch's start)."""
+
+    def without_data_state(self) -> BatchSource:
+        """A view of the same data that keeps no state: the same batches, and
+        ``data_state`` refused for the epochs read through it. `jaxfeed.fit`
+        reads through it when it does not checkpoint."""
+        ...
+
+
+def host_fields(source: object) -> tuple[str, ...]:
+    """The source's `HostFields`, or none."""
+    return tuple(source.host_fields) if isinstance(source, HostFields) else ()

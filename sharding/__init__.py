@@ -5,11 +5,11 @@ device, many devices, many hosts), the prefetching device feed, and the check
 that the processes of a job agree before they train.
 """
 
-from sharding.agreement import announce_failure, check_agreement
-from sharding.distributed import initialize
-from sharding.mesh import DATA_AXIS, batch_sharding, data_mesh
-from sharding.placement import place_batch
-from sharding.prefetch import DeviceFeed
+from jaxfeed.sharding.agreement import announce_failure, check_agreement
+from jaxfeed.sharding.distributed import initialize
+from jaxfeed.sharding.mesh import DATA_AXIS, batch_sharding, data_mesh
+from jaxfeed.sharding.placement import place_batch
+from jaxfeed.sharding.prefetch import DeviceFeed
 
 __all__ = [
     "DATA_AXIS",

@@ -15,8 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import jax
-
-from sharding.distributed import _job, peer_timeout
+from jaxfeed.sharding.distributed import current_job, peer_timeout
 
 _PREFIX = "jaxfeed/agreement"
 # Every process calls check_agreement() the same number of times, in the same
@@ -29,7 +28,7 @@ def _key(round_: int, process: int) -> str:
 
 
 def _post(record: dict) -> int:
-    client, me, _ = _job()
+    client, me, _ = current_job()
     round_ = next(_rounds)
     client.key_value_set(_key(round_, me), json.dumps(record))
     return round_
@@ -42,13 +41,13 @@ def announce_failure(error: BaseException) -> None:
     with ``error``'s message, instead of waiting out the peer timeout. A no-op
     outside a multi-process job.
     """
-    if _job() is not None:
+    if current_job() is not None:
         _post({"failed": f"{type(error).__name__}: {error}"})
 
 
 def _gather(round_: int, timeout_s: float) -> tuple[dict[int, dict], list[int]]:
     """The other processes' records of ``round_``, and the processes that posted none in time."""
-    client, me, count = _job()
+    client, me, count = current_job()
     deadline = time.monotonic() + timeout_s
     records, missing = {}, []
     for process in (p for p in range(count) if p != me):
@@ -71,7 +70,7 @@ def _processes(ids: list[int]) -> str:
     return f"process {ids[0]}" if len(ids) == 1 else f"processes {', '.join(map(str, ids))}"
 
 
-def _disagreements(settings: dict[int, dict[str, str]]) -> list[str]:
+def disagreements(settings: dict[int, dict[str, str]]) -> list[str]:
     """One ``name: process 0 has X, process 1 has Y`` per setting that differs."""
     names = dict.fromkeys(name for values in settings.values() for name in values)
     found = []
@@ -110,7 +109,7 @@ def check_agreement(settings: Mapping[str, Any], *, timeout_s: float | None = No
     Example:
       >>> sharding.check_agreement({"seed": 0, "batch_size": 128, "learning_rate": 0.05})
     """
-    job = _job()
+    job = current_job()
     if job is None:
         return
     _, me, _ = job
@@ -136,7 +135,7 @@ def check_agreement(settings: Mapping[str, Any], *, timeout_s: float | None = No
             f"error), or raise --peer-timeout / $JAXFEED_PEER_TIMEOUT if "
             f"{'it is' if len(missing) == 1 else 'they are'} slow to start"
         )
-    differences = _disagreements({p: r["settings"] for p, r in sorted(records.items())})
+    differences = disagreements({p: r["settings"] for p, r in sorted(records.items())})
     if differences:
         raise ValueError(
             f"processes disagree on {'; on '.join(differences)}. Start every process with "

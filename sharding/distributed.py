@@ -56,7 +56,7 @@ def peer_timeout(timeout_s: float | str | None = None) -> float:
     return value
 
 
-def _job() -> tuple[object, int, int] | None:
+def current_job() -> tuple[object, int, int] | None:
     """JAX's coordination-service client, this process's id and the process count,
     or None when no job was joined.
 

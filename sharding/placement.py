@@ -7,8 +7,8 @@ from collections.abc import Mapping
 import jax
 import numpy as np
 from jax.sharding import NamedSharding
-
-from sharding.mesh import data_axis_size
+from jaxfeed.loaders.protocol import ProcessSlice
+from jaxfeed.sharding.mesh import data_axis_size
 
 
 def check_batch_size(batch_size: int, sharding: NamedSharding) -> None:
@@ -54,9 +54,9 @@ def check_process(source: object) -> None:
     ``jax.process_count()``; otherwise the global batches would silently
     repeat or skip rows.
     """
-    made_for = (getattr(source, "process_index", None), getattr(source, "process_count", None))
-    if made_for == (None, None):
+    if not isinstance(source, ProcessSlice):
         return
+    made_for = (source.process_index, source.process_count)
     actual = (jax.process_index(), jax.process_count())
     if made_for != actual:
         raise ValueError(

@@ -26,11 +26,10 @@ from typing import Any
 import jax
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
-
-from loaders.protocol import BatchSource
-from loaders.read_ahead import END, POLL_SECONDS, pump
-from sharding.mesh import batch_sharding
-from sharding.placement import check_batch_size, check_process, place_batch
+from jaxfeed.loaders.protocol import BatchSource, host_fields
+from jaxfeed.loaders.read_ahead import END, POLL_SECONDS, pump
+from jaxfeed.sharding.mesh import batch_sharding
+from jaxfeed.sharding.placement import check_batch_size, check_process, place_batch
 
 _OPEN_FEEDS: weakref.WeakSet = weakref.WeakSet()
 _EXIT_HOOK: list[bool] = []
@@ -77,7 +76,7 @@ def _aligned_stack(arrays: list[np.ndarray]) -> np.ndarray:
     return out
 
 
-def _stack(batches: list[dict[str, np.ndarray]], host: tuple[str, ...]) -> dict[str, Any]:
+def stack_transfer(batches: list[dict[str, np.ndarray]], host: tuple[str, ...]) -> dict[str, Any]:
     # Host fields may change width between batches (strings): a list, not a stack.
     return {
         key: [b[key] for b in batches]
@@ -105,10 +104,10 @@ def _stacked(
         for batch in batches:
             group.append(batch)
             if len(group) == k:
-                yield _stack(group, host)
+                yield stack_transfer(group, host)
                 group = []
         if group:
-            yield _stack(group, host)
+            yield stack_transfer(group, host)
     finally:
         close = getattr(batches, "close", None)
         if close is not None:
@@ -189,7 +188,7 @@ class DeviceFeed:
         check_batch_size(source.batch_size, self.sharding)
         check_process(source)
         self.num_batches = source.num_batches
-        self.host_fields = tuple(getattr(source, "host_fields", ()))
+        self.host_fields = host_fields(source)
         self.steps_per_transfer = int(steps_per_transfer)
         self._transfer_sharding = transfer_sharding(self.sharding, self.steps_per_transfer)
         self.wait_seconds = 0.0

@@ -3,8 +3,7 @@
 import socket
 
 import numpy as np
-
-from loaders import ArrayDataset
+from jaxfeed.loaders import ArrayDataset
 
 
 def indexed_dataset(n: int = 300) -> ArrayDataset:

@@ -18,9 +18,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-from loaders import mnist
-from loaders.idx import write_idx
+from jaxfeed.loaders.data import mnist
+from jaxfeed.loaders.data.idx import write_idx
 
 
 @functools.cache

@@ -24,11 +24,10 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import jax
 import numpy as np
 from jax.experimental import multihost_utils
+from jaxfeed.sharding.distributed import exit_now
 
-import loaders
-import sharding
-from jaxfeed import TrainConfig, train
-from sharding.distributed import exit_now
+from jaxfeed import loaders, sharding
+from jaxfeed.mnist import TrainConfig, train
 
 DATASET, LOCAL_BATCH, SEED = "mnist-sample", 24, 5
 # Well below the job's peer timeout, JAX's heartbeat timeout: the check reports a

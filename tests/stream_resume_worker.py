@@ -140,14 +140,14 @@ KINDS = {
 
 
 def _source(kind):
-    import loaders
+    from jaxfeed import loaders
 
     options = KINDS[kind][0]()
     return loaders.wrap(options.pop("obj"), **options)
 
 
 def _save(kind):
-    from sharding import DeviceFeed
+    from jaxfeed.sharding import DeviceFeed
 
     source = _source(kind)
     _, epoch, k = KINDS[kind]

@@ -7,9 +7,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-from loaders import cache
-from loaders.cache import MANIFEST, build_once, cache_entry, check_entry
+from jaxfeed.loaders.data import cache
+from jaxfeed.loaders.data.cache import MANIFEST, build_once, cache_entry, check_entry
 
 
 def _write(text: str):
@@ -119,8 +118,8 @@ def test_a_read_only_cache_is_opened_without_writing(tmp_path, monkeypatch):
     def refuse(*args, **kwargs):  # chmod cannot stop root; refusing here can
         raise PermissionError(13, "Permission denied")
 
-    monkeypatch.setattr("loaders.cache.tempfile.mkstemp", refuse)
-    monkeypatch.setattr("loaders.cache.tempfile.mkdtemp", refuse)
+    monkeypatch.setattr("jaxfeed.loaders.data.cache.tempfile.mkstemp", refuse)
+    monkeypatch.setattr("jaxfeed.loaders.data.cache.tempfile.mkdtemp", refuse)
     assert build_once(entry, _write("never built")) == entry
     with pytest.raises(ValueError, match=rf"cache directory {tmp_path} is not writable"):
         build_once(tmp_path / "other", _write("x"))

@@ -9,11 +9,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jaxfeed.loaders.protocol import ArraySpec
 from resume_worker import train_in_process
 
 from jaxfeed import Checkpointing, batch_mask, fit
 from jaxfeed.checkpoint import check_settings, latest
-from loaders.protocol import ArraySpec
 
 BATCH, BATCHES, FEATURES, CLASSES = 8, 6, 4, 3
 

@@ -10,7 +10,7 @@ import warnings
 import numpy as np
 import pytest
 
-import loaders
+from jaxfeed import loaders
 from jaxfeed.cli import build_parser, main
 
 HEADER = r"jaxfeed train: loader=\w+ dataset=\S+.* train=\d+ batches x \d+ devices=\d+ \(\w+\) "
@@ -120,7 +120,10 @@ def test_user_errors_and_interrupts_are_one_line(monkeypatch, capsys, error, sta
     [
         RuntimeError("a bug"),
         # An import between jaxfeed's own modules failing is a bug, not a missing package.
-        ImportError("cannot import name 'x' from 'loaders.tf_backend'", name="loaders.tf_backend"),
+        ImportError(
+            "cannot import name 'x' from 'jaxfeed.loaders.backends.tf'",
+            name="jaxfeed.loaders.backends.tf",
+        ),
     ],
 )
 def test_bugs_keep_their_traceback(monkeypatch, error):

@@ -13,11 +13,11 @@ import re
 
 import numpy as np
 import pytest
+from jaxfeed.loaders.backends.tfds_store import import_tensorflow
 
-import loaders
+from jaxfeed import loaders
 from jaxfeed.cli import main
 from jaxfeed.compare.report import format_report
-from loaders.tfds_store import import_tensorflow
 
 BACKENDS = sorted(n for n, s in loaders.available().items() if not s.startswith("unavailable"))
 TUTORIALS = {
@@ -148,7 +148,7 @@ def test_wrap_and_keras_rows(compare):
             assert _positive(run[f"{stage}_samples_per_s"]), (framework, stage)
         # Trained in a fresh process, on the wrapped loader, for the one epoch asked.
         assert [h["epoch"] for h in run["history"]] == [1], framework
-        assert run["how"] == "jaxfeed.train(loaders.wrap(obj)), steps_per_transfer=1"
+        assert run["how"] == "jaxfeed.mnist.train(loaders.wrap(obj)), steps_per_transfer=1"
         for key in ("epoch_s", "epoch_cpu_s", "process_peak_rss_mb"):
             assert _positive(row["median"][key]), (framework, key)
         assert 0 <= row["median"]["data_wait_fraction"] <= 1
@@ -181,7 +181,7 @@ def test_wrap_and_keras_rows(compare):
 
 def test_keras_runs_on_jax_with_jaxfeeds_mlp(compare):
     """Keras was imported here on TensorFlow first; each fit still ran on JAX,
-    with the MLP and optimiser of jaxfeed.train."""
+    with the MLP and optimiser of jaxfeed.mnist.train."""
     result, _, _ = compare
     assert result["parent_keras_backend"] in ("tensorflow", "jax")  # "jax": imported earlier
     shapes = [[784, 512], [512], [512, 512], [512], [512, 10], [10]]

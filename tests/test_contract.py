@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from backend_helpers import assert_same_batches, indexed_dataset, valid_labels
 
-import loaders
+from jaxfeed import loaders
 
 BACKENDS = ["numpy", "torch", "tf", "grain", "hf"]
 DATASET = dict(dataset="mnist-sample", split="train")  # 4,000 real digits, offline

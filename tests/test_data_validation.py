@@ -11,11 +11,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from jaxfeed.loaders.data import cache, mnist
+from jaxfeed.loaders.data import named as mnist_datasets
+from jaxfeed.loaders.data.cache import writable_dir
+from jaxfeed.loaders.data.idx import write_idx
 
-import loaders
-from loaders import cache, mnist, mnist_datasets
-from loaders.cache import writable_dir
-from loaders.idx import write_idx
+from jaxfeed import loaders
 
 # ---- labels ---------------------------------------------------------------------
 
@@ -162,8 +163,8 @@ def no_writes(monkeypatch: pytest.MonkeyPatch) -> list[str]:
         attempts.append(str(path))
         raise ValueError(f"cache directory {path} is not writable (refused by the test)")
 
-    monkeypatch.setattr("loaders.cache.writable_dir", refuse)
-    monkeypatch.setattr("loaders.mnist.writable_dir", refuse)
+    monkeypatch.setattr("jaxfeed.loaders.data.cache.writable_dir", refuse)
+    monkeypatch.setattr("jaxfeed.loaders.data.mnist.writable_dir", refuse)
     return attempts
 
 
@@ -172,7 +173,7 @@ def test_a_read_only_prebuilt_cache_is_used_as_is(
 ) -> None:
     # Built while writable (the probe is put back for that), then made read-only.
     with monkeypatch.context() as writable:
-        writable.setattr("loaders.cache.writable_dir", writable_dir)
+        writable.setattr("jaxfeed.loaders.data.cache.writable_dir", writable_dir)
         for backend in CACHES:
             _first_batch(backend)
     shutil.copytree(mnist_dir, own_cache / "mnist")  # a filled download cache too

@@ -10,8 +10,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 _SCRIPT = """
-import loaders
-from sharding import DeviceFeed, data_mesh
+from jaxfeed import loaders
+from jaxfeed.sharding import DeviceFeed, data_mesh
 
 source = loaders.make({backend!r}, dataset="mnist-sample", batch_size=64)
 feed = DeviceFeed(source, data_mesh(), {options})

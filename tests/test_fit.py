@@ -10,11 +10,10 @@ import numpy as np
 import optax
 import pytest
 import torch
+from jaxfeed.sharding import data_mesh
 from torch.utils.data import DataLoader, TensorDataset
 
-import loaders
-from jaxfeed import FitResult, batch_mask, evaluate_metrics, fit
-from sharding import data_mesh
+from jaxfeed import FitResult, batch_mask, evaluate_metrics, fit, loaders
 
 CLASSES = 10
 

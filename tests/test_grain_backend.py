@@ -9,12 +9,13 @@ from pathlib import Path
 
 import pytest
 from backend_helpers import assert_same_batches
+from jaxfeed.loaders.backends import grain as grain_backend
+from jaxfeed.loaders.backends import tfds_store
+from jaxfeed.loaders.data.cache import cache_root
+from jaxfeed.loaders.data.catalog import ArrayDataset
+from jaxfeed.loaders.sampler import Sampler
 
-import loaders
-from loaders import grain_backend, tfds_store
-from loaders.cache import cache_root
-from loaders.datasets import ArrayDataset
-from loaders.sampler import Sampler
+from jaxfeed import loaders
 
 # 4000 % 384 != 0: every epoch ends with a padded batch.
 PADDED = dict(dataset="mnist-sample", batch_size=384, seed=7)
@@ -168,7 +169,7 @@ def test_an_epoch_begun_during_another_gets_its_own_workers():
 def test_no_shared_memory_leaks_at_exit():
     script = """
 import itertools
-import loaders
+from jaxfeed import loaders
 
 args = dict(dataset="mnist-sample", batch_size=384, num_workers=2)
 source = loaders.make("grain", **args)

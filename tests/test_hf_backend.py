@@ -4,11 +4,12 @@ import datasets
 import numpy as np
 import pytest
 from backend_helpers import assert_same_batches, indexed_dataset, valid_labels
+from jaxfeed.loaders.backends import hf as hf_backend
+from jaxfeed.loaders.backends import numpy as numpy_backend
+from jaxfeed.loaders.data.catalog import ArrayDataset
+from jaxfeed.loaders.sampler import Sampler
 
-import loaders
-from loaders import hf_backend, numpy_backend
-from loaders.datasets import ArrayDataset
-from loaders.sampler import Sampler
+from jaxfeed import loaders
 
 
 def _native(data: ArrayDataset, **sampler_args) -> hf_backend.HFSource:

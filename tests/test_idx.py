@@ -9,8 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import sample_digits
-
-from loaders.idx import read_idx, write_idx
+from jaxfeed.loaders.data.idx import read_idx, write_idx
 
 
 def _header(code: int, shape: tuple[int, ...]) -> bytes:

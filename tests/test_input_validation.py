@@ -10,11 +10,10 @@ test_contract.py.
 import jax
 import numpy as np
 import pytest
+from jaxfeed.loaders import Sampler
 
 import jaxfeed
-import loaders
-import sharding
-from loaders import Sampler
+from jaxfeed import loaders, sharding
 
 DATASET = dict(dataset="mnist-sample", split="train")
 NOWHERE = "/nonexistent/jaxfeed-idx-dir"  # loading it would fail: checks come first
@@ -142,4 +141,4 @@ def test_wrapped_stream_with_less_than_one_batch_fails_at_wrap_and_its_epoch():
         drop_remainder=True,
     )
     with pytest.raises(ValueError, match=r"epoch 1 of .* its 3 rows are fewer than batch_size 8"):
-        jaxfeed.train(shrinking, None, jaxfeed.TrainConfig(epochs=2), progress=False)
+        jaxfeed.mnist.train(shrinking, None, jaxfeed.mnist.TrainConfig(epochs=2), progress=False)

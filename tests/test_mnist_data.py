@@ -23,12 +23,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import sample_digits
-
-from loaders import mnist
-from loaders.cache import cache_root, writable_dir
-from loaders.datasets import DATASETS, load_dataset
-from loaders.idx import read_idx, write_idx
-from loaders.mnist import (
+from jaxfeed.loaders.data import mnist
+from jaxfeed.loaders.data.cache import cache_root, writable_dir
+from jaxfeed.loaders.data.catalog import DATASETS, load_dataset
+from jaxfeed.loaders.data.idx import read_idx, write_idx
+from jaxfeed.loaders.data.mnist import (
     T10K_IMAGES,
     T10K_LABELS,
     TRAIN_IMAGES,
@@ -280,7 +279,7 @@ def test_a_trickling_mirror_fails_at_the_download_deadline(server: str, tmp_path
     # In a subprocess with a hard timeout: were the deadline ignored, the
     # 5 s-per-byte mirror would hold the download for hours, and this fails.
     code = (
-        "from loaders import mnist\n"
+        "from jaxfeed.loaders.data import mnist\n"
         "try:\n"
         f"    mnist.download({T10K_LABELS!r}, {str(tmp_path)!r})\n"
         "except mnist.MnistUnavailableError as err:\n"
@@ -393,7 +392,7 @@ def test_unwritable_cache_read_only_dir(monkeypatch: pytest.MonkeyPatch, tmp_pat
     def refuse(*args, **kwargs):
         raise PermissionError(13, "Permission denied")
 
-    monkeypatch.setattr("loaders.cache.tempfile.mkstemp", refuse)
+    monkeypatch.setattr("jaxfeed.loaders.data.cache.tempfile.mkstemp", refuse)
     with pytest.raises(ValueError, match=r"is not writable \(PermissionError: Permission denied"):
         writable_dir(tmp_path / "cache")
 

@@ -20,14 +20,13 @@ import jax
 import numpy as np
 import pytest
 from backend_helpers import free_port
+from jaxfeed.loaders.data.idx import read_idx, write_idx
+from jaxfeed.loaders.data.mnist import T10K_LABELS
+from jaxfeed.sharding import data_mesh
+from jaxfeed.sharding.agreement import disagreements
 
-import loaders
-import sharding
-from jaxfeed import TrainConfig, train
-from loaders.idx import read_idx, write_idx
-from loaders.mnist import T10K_LABELS
-from sharding import data_mesh
-from sharding.agreement import _disagreements
+from jaxfeed import loaders, sharding
+from jaxfeed.mnist import TrainConfig, train
 
 WORKER = Path(__file__).with_name("multihost_worker.py")
 REPO = WORKER.parents[1]
@@ -195,7 +194,7 @@ def test_processes_with_different_data_refuse_to_train(tmp_path, mnist_dir):
 
 def test_disagreements_name_every_process_value():
     settings = {0: {"seed": "0", "lr": "1"}, 1: {"seed": "7", "lr": "1"}, 2: {"seed": "0"}}
-    assert _disagreements(settings) == [
+    assert disagreements(settings) == [
         "seed: processes 0, 2 have 0, process 1 has 7",
         "lr: processes 0, 1 have 1, process 2 has nothing",
     ]

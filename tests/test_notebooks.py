@@ -16,7 +16,7 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
-import loaders
+from jaxfeed import loaders
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 TIMEOUT_SECONDS = 600  # per cell

@@ -1,69 +1,87 @@
-"""The public names of each package are pinned, and importing loaders stays light."""
+"""The public names are pinned, one import root serves them all, importing stays light,
+and the layout keeps its rules: no import circle, no private name used across modules."""
 
+import ast
 import subprocess
 import sys
+import textwrap
+from pathlib import Path
 
 import pytest
 
 import jaxfeed
-import loaders
-import sharding
+from jaxfeed import loaders, sharding
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = {
+    "jaxfeed": ROOT / "jaxfeed",
+    "jaxfeed.loaders": ROOT / "loaders",
+    "jaxfeed.sharding": ROOT / "sharding",
+}
+
+LOADERS = [
+    "BACKENDS",
+    "DATASETS",
+    "MASK_KEY",
+    "ArrayDataset",
+    "ArraySpec",
+    "Batch",
+    "BatchSource",
+    "HostFields",
+    "ProcessSlice",
+    "Resumable",
+    "Sampler",
+    "SkipsDataState",
+    "available",
+    "load_dataset",
+    "make",
+    "wrap",
+]
+SHARDING = [
+    "DATA_AXIS",
+    "DeviceFeed",
+    "announce_failure",
+    "batch_sharding",
+    "check_agreement",
+    "data_mesh",
+    "initialize",
+    "place_batch",
+]
+LIBRARY = ["Checkpointing", "FitResult", "batch_mask", "evaluate_metrics", "fit"]
 
 
 def test_public_names():
-    assert sorted(loaders.__all__) == sorted(
-        [
-            "BACKENDS",
-            "DATASETS",
-            "ArrayDataset",
-            "ArraySpec",
-            "Batch",
-            "BatchSource",
-            "Sampler",
-            "available",
-            "load_dataset",
-            "make",
-            "wrap",
-        ]
+    assert sorted(loaders.__all__) == sorted(LOADERS)
+    assert sorted(sharding.__all__) == sorted(SHARDING)
+    assert sorted(jaxfeed.__all__) == sorted(LOADERS + SHARDING + LIBRARY)
+    assert sorted(jaxfeed.mnist.__all__) == sorted(
+        ["LAYER_SIZES", "TrainConfig", "evaluate", "init_params", "predict", "train"]
     )
-    assert sorted(sharding.__all__) == sorted(
-        [
-            "DATA_AXIS",
-            "DeviceFeed",
-            "announce_failure",
-            "batch_sharding",
-            "check_agreement",
-            "initialize",
-            "data_mesh",
-            "place_batch",
-        ]
-    )
-    assert sorted(jaxfeed.__all__) == sorted(
-        [
-            "LAYER_SIZES",
-            "Checkpointing",
-            "FitResult",
-            "TrainConfig",
-            "batch_mask",
-            "evaluate",
-            "evaluate_metrics",
-            "fit",
-            "init_params",
-            "predict",
-            "train",
-        ]
-    )
-    for module in (loaders, sharding, jaxfeed):
+    for module in (loaders, sharding, jaxfeed, jaxfeed.mnist):
         for name in module.__all__:
             assert hasattr(module, name), name
+
+
+def test_one_object_per_public_name():
+    # jaxfeed.make is loaders.make, not a copy; and the example stays out of the library.
+    for name in LOADERS:
+        assert getattr(jaxfeed, name) is getattr(loaders, name), name
+    for name in SHARDING:
+        assert getattr(jaxfeed, name) is getattr(sharding, name), name
+    assert callable(jaxfeed.fit) and not hasattr(jaxfeed, "TrainConfig")
+    with pytest.raises(AttributeError, match="no attribute 'train'"):
+        getattr(jaxfeed, "train")  # noqa: B009
 
 
 @pytest.mark.parametrize(
     ("imports", "forbidden"),
     [
         # loaders imports not even jax until a backend or the feed needs it.
-        ("loaders; loaders.make('numpy', dataset='mnist-sample', batch_size=8)", "jax"),
-        ("sharding, jaxfeed, jaxfeed.cli", "matplotlib"),
+        (
+            "jaxfeed.loaders; jaxfeed.loaders.make('numpy', dataset='mnist-sample', batch_size=8)",
+            "jax",
+        ),
+        ("jaxfeed, jaxfeed.cli; jaxfeed.fit; jaxfeed.DeviceFeed", "matplotlib"),
     ],
 )
 def test_importing_the_packages_imports_no_framework(imports, forbidden):
@@ -76,25 +94,119 @@ def test_importing_the_packages_imports_no_framework(imports, forbidden):
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
 
 
-def test_trainer_is_not_an_import_name():
-    found = subprocess.run(
-        [sys.executable, "-c", "import importlib.util; print(importlib.util.find_spec('trainer'))"],
-        capture_output=True,
-        text=True,
-        timeout=60,
+def test_a_users_own_loaders_and_sharding_modules_do_not_shadow_jaxfeed(tmp_path):
+    # A training repo's own loaders.py / sharding.py, first on sys.path.
+    (tmp_path / "loaders.py").write_text("MINE = True\n")
+    (tmp_path / "sharding.py").write_text("MINE = True\n")
+    (tmp_path / "train.py").write_text(
+        textwrap.dedent(
+            """
+            import loaders, sharding
+            import jax, jax.numpy as jnp
+            import jaxfeed
+            assert loaders.MINE and sharding.MINE
+
+            def loss(w, batch):
+                x = batch["image"].reshape(-1, 784) / 255.0
+                weight = jaxfeed.batch_mask(batch)
+                return jnp.sum(weight * (x @ w - batch["label"]) ** 2), jnp.sum(weight)
+
+            def step(w, batch):
+                (total, count), grad = jax.value_and_grad(loss, has_aux=True)(w, batch)
+                return w - 1e-6 * grad, {"loss": total, "count": count}
+
+            source = jaxfeed.make("numpy", dataset="mnist-sample", batch_size=200)
+            result = jaxfeed.fit(step, jnp.zeros(784), source, epochs=2, progress=False)
+            print("trained", [round(r["loss"], 3) for r in result.history])
+            """
+        )
     )
-    assert found.stdout.strip() == "None"
+    done = subprocess.run(
+        [sys.executable, "train.py"], cwd=tmp_path, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    first, last = eval(done.stdout.split("trained", 1)[1])
+    assert last < first
+
+
+def _modules() -> dict[str, Path]:
+    """Every module of the three packages, by its installed dotted name."""
+    found = {}
+    for package, folder in PACKAGES.items():
+        for path in folder.rglob("*.py"):
+            parts = path.relative_to(folder).with_suffix("").parts
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            found[".".join((package, *parts))] = path
+    return found
+
+
+def _imports(path: Path, name: str) -> list[tuple[str, str | None]]:
+    """(module, imported name or None) for each of a module's own jaxfeed imports."""
+    tree = ast.parse(path.read_text())
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            out += [(node.module, alias.name) for alias in node.names]
+        elif isinstance(node, ast.Import):
+            out += [(alias.name, None) for alias in node.names]
+    return [(m, n) for m, n in out if m.split(".")[0] == "jaxfeed"]
+
+
+def test_no_import_circle():
+    modules = _modules()
+    graph = {}
+    for name, path in modules.items():
+        edges = set()
+        for module, imported in _imports(path, name):
+            target = f"{module}.{imported}" if f"{module}.{imported}" in modules else module
+            # A package's own __init__ re-exports its modules: not an edge into them.
+            if target in modules and target != name and not name.startswith(target + "."):
+                edges.add(target)
+        graph[name] = edges
+
+    def cycle_from(start):
+        stack, seen = [(start, [start])], set()
+        while stack:
+            node, path = stack.pop()
+            for nxt in graph[node]:
+                if nxt == start:
+                    return path
+                if nxt not in seen:
+                    seen.add(nxt)
+                    stack.append((nxt, [*path, nxt]))
+        return None
+
+    circles = {tuple(c) for n in graph if (c := cycle_from(n)) and len(c) > 1}
+    # A package __init__ that imports its modules is not a circle of modules.
+    circles = {c for c in circles if not all(m in PACKAGES or "." not in m for m in c)}
+    assert not circles, sorted(circles)[:5]
+
+
+def test_no_private_name_is_imported_from_another_module():
+    found = [
+        f"{name} imports {module}.{imported}"
+        for name, path in _modules().items()
+        for module, imported in _imports(path, name)
+        if imported and imported.startswith("_")
+    ]
+    for path in [*ROOT.joinpath("benchmarks").glob("*.py"), *ROOT.joinpath("tests").glob("*.py")]:
+        found += [
+            f"{path.name} imports {m}.{n}"
+            for m, n in _imports(path, path.stem)
+            if n and n.startswith("_")
+        ]
+    assert not found, found
 
 
 def test_builtin_sources_satisfy_the_protocol():
     source = loaders.make("numpy", dataset="mnist-sample", batch_size=8)
     assert isinstance(source, loaders.BatchSource)
+    assert isinstance(source, loaders.ProcessSlice) and not isinstance(source, loaders.Resumable)
 
 
 def test_missing_package_names_what_to_install(monkeypatch):
     import importlib.util
-
-    import pytest
 
     real = importlib.util.find_spec
     monkeypatch.setattr(

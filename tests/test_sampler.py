@@ -2,8 +2,7 @@
 
 import numpy as np
 import pytest
-
-from loaders import Sampler
+from jaxfeed.loaders import Sampler
 
 
 def _epoch(sampler: Sampler, epoch: int) -> list[tuple[np.ndarray, int]]:

@@ -9,11 +9,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from jaxfeed.loaders.protocol import ArraySpec
+from jaxfeed.sharding import DeviceFeed, batch_sharding, data_mesh, place_batch
+from jaxfeed.sharding.placement import check_batch_size
 
-import loaders
-from loaders.protocol import ArraySpec
-from sharding import DeviceFeed, batch_sharding, data_mesh, place_batch
-from sharding.placement import check_batch_size
+from jaxfeed import loaders
 
 
 def _source(batch_size=16, **kwargs):

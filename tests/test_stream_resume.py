@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from stream_resume_worker import KINDS, N
 
-import loaders
+from jaxfeed import loaders
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKER = ROOT / "tests" / "stream_resume_worker.py"
@@ -243,7 +243,7 @@ def test_an_epoch_left_part_read_does_not_change_the_next_one():
 
 def _count_tf_checkpoints(monkeypatch) -> list:
     """A list that grows by one for each tf.data checkpoint a wrap takes."""
-    from loaders.wrap_tf import TfCursor
+    from jaxfeed.loaders.wrapping.tf import TfCursor
 
     taken, checkpoint = [], TfCursor._checkpoint
 
@@ -257,7 +257,7 @@ def _count_tf_checkpoints(monkeypatch) -> list:
     return taken
 
 
-def test_a_tf_pipeline_keeps_no_checkpoints_while_told_no_state_is_asked_for(monkeypatch):
+def test_a_tf_pipeline_read_without_data_state_keeps_no_checkpoints(monkeypatch):
     import tensorflow as tf
 
     def dataset():
@@ -267,14 +267,15 @@ def test_a_tf_pipeline_keeps_no_checkpoints_while_told_no_state_is_asked_for(mon
     taken = _count_tf_checkpoints(monkeypatch)
     kept = loaders.wrap(dataset())
     want = [[b["label"].tolist() for b in kept.iter_epoch(e)] for e in range(3)]
-    assert kept.keep_data_state and len(taken) == 3  # one per epoch start
+    assert len(taken) == 3  # one per epoch start
     source = loaders.wrap(dataset())  # epoch 0's start: checkpointed by wrap()
-    source.keep_data_state = False
-    got = [[b["label"].tolist() for b in source.iter_epoch(e)] for e in range(3)]
+    assert isinstance(source, loaders.SkipsDataState)
+    view = source.without_data_state()
+    assert isinstance(view, loaders.BatchSource) and not isinstance(view, loaders.Resumable)
+    got = [[b["label"].tolist() for b in view.iter_epoch(e)] for e in range(3)]
     assert got == want and len(taken) == 4  # the same order, no checkpoint after wrap()
-    with pytest.raises(ValueError, match=r"cannot restart at batch 1 of epoch 2: .*keep_data_s"):
+    with pytest.raises(ValueError, match=r"cannot restart at batch 1 of epoch 2: .*without_data_s"):
         source.data_state(2, 1)
-    source.keep_data_state = True
     list(source.iter_epoch(3))
     assert source.data_state(3, 1)["stream"]["state"] is not None
 
@@ -295,7 +296,7 @@ def test_fit_keeps_tf_checkpoints_only_when_it_checkpoints(tmp_path, monkeypatch
 
     options = dict(epochs=3, mesh=jax.devices()[:1], progress=False)
     fit(step, {"w": jnp.zeros(())}, source, **options)
-    assert len(taken) == 1 and source.keep_data_state  # wrap()'s only; restored after fit
+    assert len(taken) == 1  # wrap()'s only
     fit(step, {"w": jnp.zeros(())}, source, checkpoint=tmp_path, **options)
     assert len(taken) > 1
 

@@ -7,9 +7,10 @@ import pytest
 import tensorflow as tf
 import tensorflow_datasets as tfds
 from backend_helpers import indexed_dataset
+from jaxfeed.loaders.backends import tf as tf_backend
+from jaxfeed.loaders.backends import tfds_store
 
-import loaders
-from loaders import tf_backend, tfds_store
+from jaxfeed import loaders
 
 BATCH = 512  # 8 batches of mnist-sample/train, the last one padded
 

@@ -8,9 +8,9 @@ import signal
 
 import numpy as np
 import pytest
+from jaxfeed.loaders.backends import torch as torch_backend
 
-import loaders
-from loaders import torch_backend
+from jaxfeed import loaders
 
 BATCH = 512  # 8 batches of mnist-sample/train, the last one padded
 

@@ -3,10 +3,10 @@
 import jax
 import numpy as np
 import pytest
+from jaxfeed.sharding import data_mesh
 
-import loaders
-from jaxfeed import TrainConfig, evaluate, init_params, predict, train
-from sharding import data_mesh
+from jaxfeed import loaders
+from jaxfeed.mnist import TrainConfig, evaluate, init_params, predict, train
 
 
 def _make(split, batch_size, **kwargs):

@@ -25,8 +25,8 @@ HARD_TIMEOUT_SECONDS = 90
 _CHILD = r"""
 import json, multiprocessing, os, signal, sys, threading, time
 
-import loaders
-from sharding import DeviceFeed
+from jaxfeed import loaders
+from jaxfeed.sharding import DeviceFeed
 
 case = json.loads(sys.argv[1])
 before = {p.pid for p in multiprocessing.active_children()}
@@ -39,7 +39,7 @@ def make_source():
             case["kind"], dataset=case["dataset"], split="test", batch_size=128, **case["options"]
         )
     import torch
-    from loaders import torch_backend
+    from jaxfeed.loaders.backends import torch as torch_backend
 
     data = loaders.load_dataset(case["dataset"], "test")
     loader = torch.utils.data.DataLoader(

@@ -13,7 +13,7 @@ import sys
 import numpy as np
 import pytest
 
-import loaders
+from jaxfeed import loaders
 
 N, B = 100, 32  # 3 full batches and a short one of 4
 
@@ -345,7 +345,7 @@ def test_wrapped_torch_loader_trains_end_to_end():
     from torch.utils.data import DataLoader, TensorDataset
 
     import jaxfeed
-    import sharding
+    from jaxfeed import sharding
 
     data = loaders.load_dataset("mnist-sample", "train")
     dataset = TensorDataset(
@@ -356,5 +356,7 @@ def test_wrapped_torch_loader_trains_end_to_end():
         batch = next(feed)
         assert batch["image"].shape == (96, 28, 28, 1) and batch["image"].dtype == np.uint8
         assert len(batch["label"].sharding.device_set) == len(jax.devices())
-    _, history = jaxfeed.train(source, None, jaxfeed.TrainConfig(epochs=1), progress=False)
+    _, history = jaxfeed.mnist.train(
+        source, None, jaxfeed.mnist.TrainConfig(epochs=1), progress=False
+    )
     assert np.isfinite(history[0]["loss"]) and history[0]["train_accuracy"] > 0.5

@@ -16,11 +16,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 from backend_helpers import assert_same_batches
+from jaxfeed.loaders.backends.tfds_store import import_tensorflow
+from jaxfeed.loaders.sampler import Sampler
 from wrap_worker import ArraysDataset, B, N, Records, make_arrays
 
-import loaders
-from loaders.sampler import Sampler
-from loaders.tfds_store import import_tensorflow
+from jaxfeed import loaders
 
 SEED = 3
 TESTS = Path(__file__).parent
@@ -118,7 +118,7 @@ def _hf_dataset(arrays, monkeypatch):
 @pytest.fixture(scope="module")
 def tfds_source_dir(tmp_path_factory, arrays):
     """The arrays stored as a TFDS dataset in array_record format."""
-    from loaders.tfds_store import _quiet_build, import_tfds
+    from jaxfeed.loaders.backends.tfds_store import import_tfds, quiet_build
 
     tfds = import_tfds()
     features = tfds.features.FeaturesDict(
@@ -130,7 +130,7 @@ def tfds_source_dir(tmp_path_factory, arrays):
     )
     root = tmp_path_factory.mktemp("tfds")
     examples = ((i, {k: v[i] for k, v in arrays.items()}) for i in range(N))
-    with _quiet_build():
+    with quiet_build():
         tfds.dataset_builders.store_as_tfds_dataset(
             name="wrap_arrays",
             version="1.0.0",
@@ -144,7 +144,7 @@ def tfds_source_dir(tmp_path_factory, arrays):
 
 
 def _tfds_source(tfds_source_dir, monkeypatch):
-    from loaders.tfds_store import import_tfds
+    from jaxfeed.loaders.backends.tfds_store import import_tfds
 
     source = import_tfds().builder_from_directory(tfds_source_dir).as_data_source("train")
     reads = []

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from jaxfeed.loaders.backends.tfds_store import import_tensorflow
 from wrap_worker import ArraysDataset, B, N, make_arrays
 
-import loaders
-from loaders.tfds_store import import_tensorflow
+from jaxfeed import loaders
 
 TESTS = Path(__file__).parent
 

@@ -12,8 +12,7 @@ import jax
 import numpy as np
 import pytest
 
-import loaders
-import sharding
+from jaxfeed import loaders, sharding
 
 B = 4
 

@@ -77,7 +77,7 @@ def random_access_kinds(arrays: dict[str, np.ndarray]) -> dict:
 
 
 def _rows(count: int, index: int, out: str) -> None:
-    import loaders
+    from jaxfeed import loaders
 
     report = {}
     for name, (obj, options) in random_access_kinds(make_arrays()).items():
@@ -93,7 +93,7 @@ def _rows(count: int, index: int, out: str) -> None:
 def _fork(bare: bool) -> None:
     import jax
 
-    import loaders
+    from jaxfeed import loaders
 
     jax.devices()  # JAX's threads run from here on: a fork now is what JAX warns about
     loader = torch.utils.data.DataLoader(ArraysDataset(make_arrays()), B, num_workers=2)

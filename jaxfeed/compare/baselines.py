@@ -21,7 +21,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from loaders.protocol import ArraySpec, Batch, BatchSource
+from jaxfeed.loaders.protocol import ArraySpec, Batch, BatchSource
 
 EpochFn = Callable[[int], Iterator[Batch]]
 
@@ -133,7 +133,7 @@ def _torch(images: np.ndarray, labels: np.ndarray, batch_size: int, seed: int) -
 
 
 def _tf(images: np.ndarray, labels: np.ndarray, batch_size: int, seed: int) -> Baseline:
-    from loaders.tfds_store import import_tensorflow  # quiet, GPU-free
+    from jaxfeed.loaders.backends.tfds_store import import_tensorflow  # quiet, GPU-free
 
     tf = import_tensorflow()
     ds = (
@@ -159,7 +159,7 @@ def _tf(images: np.ndarray, labels: np.ndarray, batch_size: int, seed: int) -> B
 def _grain(images: np.ndarray, labels: np.ndarray, batch_size: int, seed: int) -> list[Baseline]:
     import grain
 
-    from loaders.grain_backend import ArraySource
+    from jaxfeed.loaders.backends.grain import ArraySource
 
     # Per-record __getitem__, as Grain's tutorials write.
     records = ArraySource({"image": images, "label": labels})

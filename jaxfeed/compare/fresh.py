@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 import jaxfeed
+from jaxfeed.loaders.protocol import MASK_KEY
 
 SIDES = ("jaxfeed", "keras")
 # The tutorial loop whose object each framework's wrap and Keras rows reuse.
@@ -109,35 +110,21 @@ def measure(what: dict[str, Any], timeout: float = TIMEOUT_S) -> dict[str, Any]:
 def _test_arrays(test: Any) -> tuple[np.ndarray, np.ndarray]:
     """The test split's valid rows, for ``model.evaluate``."""
     batches = list(test.iter_epoch(0))
-    kept = [b.get("mask", slice(None)) for b in batches]  # no padding rows
+    kept = [b.get(MASK_KEY, slice(None)) for b in batches]  # no padding rows
     images = np.concatenate([b["image"][k] for b, k in zip(batches, kept, strict=True)])
     labels = np.concatenate([b["label"][k] for b, k in zip(batches, kept, strict=True)])
     return images, labels
 
 
-def steady(history: list[dict[str, Any]], epochs: int) -> list[dict[str, Any]]:
-    """The epochs that are timed: 2..``epochs`` of ``epochs + 1`` trained.
-
-    Epoch 1 compiles. jaxfeed.train opens the next epoch's feed (reading its
-    first batches) inside the current epoch's time, so its last epoch skips
-    that work: training one epoch more and leaving it out gives every timed
-    epoch one loader start, as each of Keras's has. Both sides do this.
-    """
-    return history[1:epochs] or history[:1]
-
-
-def trained_epochs(epochs: int) -> int:
-    return epochs + 1 if epochs > 1 else 1
-
-
 def _jaxfeed(loop: Any, test: Any, what: dict[str, Any]) -> dict[str, Any]:
-    """``jaxfeed.train`` on ``loaders.wrap(loop.obj)``, as a user would call it."""
+    """``jaxfeed.mnist.train`` on ``loaders.wrap(loop.obj)``, as a user would call it."""
     import jax
 
-    import loaders
+    from jaxfeed import loaders
+    from jaxfeed.compare import rows
     from jaxfeed.compare.rows import Limited
-    from jaxfeed.train import TrainConfig, evaluate, train
-    from sharding import data_mesh
+    from jaxfeed.mnist.train import TrainConfig, evaluate, train
+    from jaxfeed.sharding import data_mesh
 
     batch_size, limit = what["batch_size"], what["max_batches"]
     # A datasets.Dataset is a table of rows: wrap needs the batch size.
@@ -145,7 +132,7 @@ def _jaxfeed(loop: Any, test: Any, what: dict[str, Any]) -> dict[str, Any]:
     source = Limited(loaders.wrap(loop.obj, **options), limit)
     mesh = data_mesh(jax.devices()[:1])
     k = what["steps_per_transfer"]
-    epochs = trained_epochs(what["epochs"])
+    epochs = rows.trained_epochs(what["epochs"])
     config = TrainConfig(epochs=epochs, seed=what["seed"], steps_per_transfer=k)
     ends = [time.process_time()]  # CPU time, all threads, at each epoch's end
     # The test split is evaluated once, after training, as Keras's is.
@@ -159,19 +146,19 @@ def _jaxfeed(loop: Any, test: Any, what: dict[str, Any]) -> dict[str, Any]:
     )
     for metrics, begin, end in zip(history, ends[:-1], ends[1:], strict=True):
         metrics["cpu_s"] = end - begin
-    timed = steady(history, what["epochs"])
+    timed = rows.steady(history, what["epochs"])
     return {
         "epoch_s": statistics.median(m["seconds"] for m in timed),
         "epoch_cpu_s": statistics.median(m["cpu_s"] for m in timed),
         "data_wait_fraction": statistics.median(m["data_wait_fraction"] for m in timed),
         "test_accuracy": evaluate(params, test, mesh),
         "history": history,
-        "how": f"jaxfeed.train(loaders.wrap(obj)), steps_per_transfer={k}",
+        "how": f"jaxfeed.mnist.train(loaders.wrap(obj)), steps_per_transfer={k}",
     }
 
 
 def _run(what: dict[str, Any]) -> dict[str, Any]:
-    import loaders
+    from jaxfeed import loaders
     from jaxfeed.compare import baselines, keras_fit
     from jaxfeed.compare.rows import Limited
 

@@ -4,9 +4,9 @@ Runs only in a fresh process (`jaxfeed.compare.fresh`): Keras picks its
 backend once, at import, and ``import tensorflow`` imports Keras on the
 TensorFlow backend, so in the parent it may already be the wrong one.
 
-The model matches `jaxfeed.model` (784-512-512-10, ReLU, He-normal weights,
+The model matches `jaxfeed.mnist.model` (784-512-512-10, ReLU, He-normal weights,
 zero biases, uint8 images normalised inside the model) and the optimiser
-matches `jaxfeed.train.TrainConfig` (SGD, momentum); loss and accuracy are
+matches `jaxfeed.mnist.train.TrainConfig` (SGD, momentum); loss and accuracy are
 computed every step, as jaxfeed's loop does.
 """
 
@@ -21,9 +21,9 @@ from typing import Any
 import numpy as np
 
 from jaxfeed.compare.baselines import Baseline
-from jaxfeed.compare.fresh import steady, trained_epochs
-from jaxfeed.model import LAYER_SIZES
-from jaxfeed.train import TrainConfig
+from jaxfeed.compare.rows import steady, trained_epochs
+from jaxfeed.mnist.model import LAYER_SIZES
+from jaxfeed.mnist.train import TrainConfig
 
 
 def import_keras() -> Any:
@@ -78,7 +78,7 @@ def _hf_batches(keras: Any, dataset: Any, batch_size: int) -> Any:
 
 
 def build_model(keras: Any, seed: int, config: TrainConfig = TrainConfig()) -> Any:
-    """The compiled MLP of `jaxfeed.model`, in Keras."""
+    """The compiled MLP of `jaxfeed.mnist.model`, in Keras."""
     layers = keras.layers
     inputs = keras.Input(shape=(28, 28, 1), dtype="uint8")
     x = layers.Flatten()(layers.Rescaling(1 / 255)(inputs))
@@ -86,7 +86,7 @@ def build_model(keras: Any, seed: int, config: TrainConfig = TrainConfig()) -> A
     for i, units in enumerate([*hidden, classes]):
         init = keras.initializers.VarianceScaling(
             2.0, "fan_in", "untruncated_normal", seed=seed + i
-        )  # jaxfeed.model's He-normal: N(0, 2 / fan_in), not truncated
+        )  # jaxfeed.mnist.model's He-normal: N(0, 2 / fan_in), not truncated
         activation = "relu" if i < len(hidden) else None
         x = layers.Dense(units, activation=activation, kernel_initializer=init)(x)
     model = keras.Model(inputs, x)
@@ -120,7 +120,7 @@ def measure(
 ) -> dict[str, Any]:
     """A fresh model, one ``fit`` call, every epoch timed.
 
-    Returns ``epoch_s`` and ``epoch_cpu_s`` (medians over `fresh.steady`'s
+    Returns ``epoch_s`` and ``epoch_cpu_s`` (medians over `rows.steady`'s
     epochs), ``test_accuracy``, the per-epoch ``history`` and ``model``
     (`describe`).
     """
@@ -157,7 +157,7 @@ def measure(
 def _epoch_timer(keras: Any) -> Any:
     class EpochTimer(keras.callbacks.Callback):
         """Wall time of each epoch, ``on_epoch_begin`` to ``on_epoch_end``: the
-        window jaxfeed.train times (its step loop until the totals reach the host)."""
+        window jaxfeed.mnist.train times (its step loop until the totals reach the host)."""
 
         def __init__(self) -> None:
             super().__init__()

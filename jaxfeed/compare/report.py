@@ -148,7 +148,7 @@ def _wrap_ratios(wrapped: dict, rows: dict, check: Callable) -> dict[str, dict]:
                 figures["jaxfeed_vs_keras_epoch"],
                 1.0,
                 at_most=True,
-                meaning="jaxfeed.train on wrap(obj) takes longer per epoch than Keras "
+                meaning="jaxfeed.mnist.train on wrap(obj) takes longer per epoch than Keras "
                 "model.fit(obj) with the same MLP and optimiser: on this loader, moving "
                 "from Keras to jaxfeed would slow training down",
             )
@@ -198,7 +198,7 @@ def _wrap_table(wrap: dict[str, dict], epochs: str) -> str:
         "Wrapped loaders: your own loader object (each tutorial row's), iterated bare vs "
         "through wrap() (the same reads, so wrap() can only add time; but a HF Dataset, "
         "which wrap() reads in whole-batch slices, not by Dataset.iter), and trained by "
-        "jaxfeed.train on wrap(obj) vs Keras 3 model.fit(obj) (same MLP and optimiser, one "
+        "jaxfeed.mnist.train on wrap(obj) vs Keras 3 model.fit(obj) (same MLP and optimiser, one "
         f"device each, each run in a fresh process; epoch: {epochs}). cpu: the ratio of "
         "process CPU seconds per epoch (all threads), which other work on the machine "
         "sways less than wall time",

@@ -28,13 +28,14 @@ import jax
 import numpy as np
 from tqdm import tqdm  # not tqdm.auto: it warns in Jupyter without ipywidgets
 
-import loaders
+from jaxfeed import loaders
 from jaxfeed.compare import baselines, wrapped
 from jaxfeed.compare.report import ratios_and_targets
 from jaxfeed.compare.rows import Limited, Row
-from jaxfeed.train import TrainConfig, train
-from loaders.cache import CACHE_ENV
-from sharding import DeviceFeed
+from jaxfeed.loaders.data.cache import CACHE_ENV
+from jaxfeed.loaders.protocol import MASK_KEY
+from jaxfeed.mnist.train import TrainConfig, train
+from jaxfeed.sharding import DeviceFeed
 
 WARMUP_BATCHES = 16  # a warm-up pass reads at most this many batches per loader
 METRICS = ("loader", "feed", "train", "first_batch")
@@ -73,7 +74,7 @@ def _drain(batches: Iterator[Any], limit: int | None, cap: int) -> tuple[float, 
     last = None
     started = time.perf_counter()
     for last in itertools.islice(batches, limit):
-        mask = last.get("mask")
+        mask = last.get(MASK_KEY)
         host_mask = isinstance(mask, np.ndarray)
         samples += int(mask.sum()) if host_mask else len(last["label"])
         nbytes += sum(leaf.nbytes for leaf in last.values())
@@ -264,7 +265,7 @@ def run(config: CompareConfig, mesh: jax.sharding.Mesh, command: list[str]) -> d
     Per row and repeat: loader-only throughput (one epoch through the loader
     alone), end-to-end throughput (through `DeviceFeed` for backends, through
     ``jax.device_put`` per batch for baselines; the last batch is waited for),
-    training (``jaxfeed.train``; epoch time and data wait are the median of
+    training (``jaxfeed.mnist.train``; epoch time and data wait are the median of
     epochs 2.., since epoch 1 compiles), and for backends the time to the first
     batch with an empty (cold) and a filled (warm) cache directory. Wrap rows
     (`jaxfeed.compare.wrapped`) get the loader and feed measurements here;

@@ -3,7 +3,7 @@
 For each framework the user object is the one its tutorial loop iterates
 (`jaxfeed.compare.baselines`), so three rows see the same object: the
 tutorial row (bare), ``wrap-<framework>`` (``loaders.wrap(obj)``: loader
-alone and through `DeviceFeed` in this process, then ``jaxfeed.train``) and
+alone and through `DeviceFeed` in this process, then ``jaxfeed.mnist.train``) and
 ``keras-fit-<framework>`` (Keras 3 ``model.fit(obj)`` on the JAX backend).
 Both trainings run in fresh processes under the same conditions
 (`jaxfeed.compare.fresh`), so Keras is always on JAX.
@@ -16,11 +16,11 @@ from typing import Any
 
 import jax
 
-import loaders
+from jaxfeed import loaders
 from jaxfeed.compare import fresh
 from jaxfeed.compare.baselines import Baseline
 from jaxfeed.compare.rows import Row
-from sharding import DeviceFeed
+from jaxfeed.sharding import DeviceFeed
 
 
 def wrap_source(loop: Baseline, batch_size: int) -> loaders.BatchSource:
@@ -52,7 +52,7 @@ def rows(
             f"wrap-{loop.framework}",
             "wrap",
             loop.framework,
-            f"loaders.wrap(the {loop.name} row's object); training: jaxfeed.train on "
+            f"loaders.wrap(the {loop.name} row's object); training: jaxfeed.mnist.train on "
             "one device, in a fresh process",
             None,
             None,

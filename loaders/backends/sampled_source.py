@@ -11,10 +11,9 @@ import itertools
 from collections.abc import Iterator, Mapping, Sequence
 
 import numpy as np
-
-from loaders.array_dataset import MASK_KEY, ArrayDataset
-from loaders.protocol import ArraySpec, Batch
-from loaders.sampler import Sampler
+from jaxfeed.loaders.array_dataset import ArrayDataset
+from jaxfeed.loaders.protocol import MASK_KEY, ArraySpec, Batch
+from jaxfeed.loaders.sampler import Sampler
 
 
 class SampledSource(abc.ABC):

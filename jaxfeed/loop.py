@@ -24,6 +24,8 @@ from jax.sharding import NamedSharding, PartitionSpec
 from tqdm import tqdm  # not tqdm.auto: it warns in Jupyter without ipywidgets
 
 from jaxfeed.checkpoint import Checkpointer, Checkpointing
+from jaxfeed.loaders.protocol import BatchSource, Resumable, SkipsDataState
+from jaxfeed.sharding import DeviceFeed
 from jaxfeed.steps import (
     EvalStep,
     MeshLike,
@@ -42,8 +44,6 @@ from jaxfeed.steps import (
     to_host,
     trace_step,
 )
-from loaders.protocol import BatchSource
-from sharding import DeviceFeed
 
 __all__ = ["FitResult", "Sums", "batch_mask", "evaluate_metrics", "fit", "run_settings"]
 
@@ -119,7 +119,7 @@ class _Loop:
         self.history = restored.history
         self.counted = to_host(restored.totals)["count"]
         if restored.data_state is not None:
-            if not hasattr(self.train, "restore_data_state"):
+            if not isinstance(self.train, Resumable):
                 raise ValueError(
                     f"the checkpoint holds the stream state of a source with data_state(), "
                     f"but this train source ({type(self.train).__name__}) has no "
@@ -149,7 +149,7 @@ class _Loop:
         if self.checkpointer is None:
             return
         data_state = None
-        if hasattr(self.train, "data_state"):
+        if isinstance(self.train, Resumable):
             data_state = self.train.data_state(self.epoch, self.next_batch)
         self.checkpointer.save(
             self.step,
@@ -295,12 +295,10 @@ def fit(
     if eval is not None:
         eval_run, eval_zeros = compile_eval(eval_step, state, eval, replicated)
     run = compile_step(step, steps_per_transfer, replicated)
+    if checkpoint is None and isinstance(train, SkipsDataState):
+        train = train.without_data_state()  # its state costs time, and nothing will ask
     loop = _Loop(train, sharding, steps_per_transfer, progress)
     totals, feed = zeros, None
-    # A source whose stream state costs time keeps it only for checkpoints.
-    kept = getattr(train, "keep_data_state", None)
-    if kept is not None:
-        train.keep_data_state = checkpoint is not None
     try:
         if checkpoint is not None:
             loop.checkpointer = Checkpointer(checkpoint, run_settings(train, settings))
@@ -339,6 +337,4 @@ def fit(
             feed.close()  # also when a loader error or Ctrl-C ends training early
         if loop.checkpointer is not None:
             loop.checkpointer.close()  # the last save is complete on disk
-        if kept is not None:
-            train.keep_data_state = kept
     return FitResult(state, loop.history)

@@ -9,9 +9,9 @@ import importlib.util
 import os
 from typing import Any
 
-from loaders.datasets import DatasetLike, load_dataset
-from loaders.protocol import BatchSource
-from loaders.sampler import Sampler, check_batch_size, check_seed
+from jaxfeed.loaders.data.catalog import DatasetLike, load_dataset
+from jaxfeed.loaders.protocol import BatchSource
+from jaxfeed.loaders.sampler import Sampler, check_batch_size, check_seed
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,18 +60,41 @@ def register(backend: Backend) -> None:
 
 
 for _backend in (
-    Backend("numpy", "loaders.numpy_backend", ("numpy",), ("numpy",), "in-memory numpy arrays"),
-    Backend("torch", "loaders.torch_backend", ("torch",), ("torch",), "torch DataLoader", "torch"),
+    Backend(
+        "numpy", "jaxfeed.loaders.backends.numpy", ("numpy",), ("numpy",), "in-memory numpy arrays"
+    ),
+    Backend(
+        "torch",
+        "jaxfeed.loaders.backends.torch",
+        ("torch",),
+        ("torch",),
+        "torch DataLoader",
+        "torch",
+    ),
     Backend(
         "tf",
-        "loaders.tf_backend",
+        "jaxfeed.loaders.backends.tf",
         ("tensorflow", "tensorflow_datasets"),
         ("tensorflow", "tensorflow-datasets"),
         "tf.data over a TFDS dataset directory",
         "tf",
     ),
-    Backend("grain", "loaders.grain_backend", ("grain",), ("grain",), "Grain MapDataset", "grain"),
-    Backend("hf", "loaders.hf_backend", ("datasets",), ("datasets",), "HF datasets (Arrow)", "hf"),
+    Backend(
+        "grain",
+        "jaxfeed.loaders.backends.grain",
+        ("grain",),
+        ("grain",),
+        "Grain MapDataset",
+        "grain",
+    ),
+    Backend(
+        "hf",
+        "jaxfeed.loaders.backends.hf",
+        ("datasets",),
+        ("datasets",),
+        "HF datasets (Arrow)",
+        "hf",
+    ),
 ):
     register(_backend)
 

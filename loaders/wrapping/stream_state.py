@@ -24,7 +24,7 @@ import threading
 from collections.abc import Iterator
 from typing import Any, Protocol
 
-from loaders.wrap_epochs import decode, encode
+from jaxfeed.loaders.wrapping.state_json import decode, encode
 
 RING = 1024  # per-batch states kept: several DeviceFeed read-aheads of k-step transfers
 EPOCH_STARTS = 3  # epoch starts kept: this epoch, the next one (opened during eval), a spare
@@ -41,11 +41,15 @@ class Cursor(Protocol):
         generators), or pass 0 of a fresh cursor; other positions need a
         ``state()``.
       refusal: None, or why no position but the live one can be reached.
+      keep_state: set by `Stream` for each reader: False when nothing will ask
+        for a state of what it reads, so a cursor whose state costs time
+        (tf.data's checkpoints) may skip it.
     """
 
     per_batch: bool
     restartable: bool
     refusal: str | None
+    keep_state: bool
 
     def begin(self, pass_: int, state: Any, in_pass: int) -> None:
         """Stands at the start of pass ``pass_`` (``state`` None), or where
@@ -99,25 +103,19 @@ class Stream:
         self._ring: collections.OrderedDict[tuple[int, int], Note] = collections.OrderedDict()
         self._anchors: collections.OrderedDict[int, Note] = collections.OrderedDict()
 
-    @property
-    def keep_state(self) -> bool:
-        return getattr(self._cursor, "keep_state", True)
-
-    @keep_state.setter
-    def keep_state(self, keep: bool) -> None:
-        if hasattr(self._cursor, "keep_state"):  # the others' states cost next to nothing
-            with self._lock:
-                self._cursor.keep_state = keep
-
-    def __call__(self, epoch: int, start: int) -> Iterator[Any]:
+    def __call__(self, epoch: int, start: int, keep_state: bool = True) -> Iterator[Any]:
+        """The raw batches from ``(epoch, start)``; ``keep_state=False``: no
+        state of them will be asked for (see `Cursor.keep_state`)."""
         with self._lock:
+            self._cursor.keep_state = keep_state
             self._route(epoch, start)  # an unreachable position is refused now, at the call
-        return self._read(epoch, start)
+        return self._read(epoch, start, keep_state)
 
-    def _read(self, epoch: int, start: int) -> Iterator[Any]:
+    def _read(self, epoch: int, start: int, keep_state: bool) -> Iterator[Any]:
         with self._lock:
             self._reader += 1  # the iterator that began reading last owns the cursor
             reader = self._reader
+            self._cursor.keep_state = keep_state
             self._seek(epoch, start)
         while True:
             with self._lock:

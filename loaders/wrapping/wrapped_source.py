@@ -1,7 +1,7 @@
 """`wrap`: a loader the user already has, as a `BatchSource`.
 
 Which loaders are accepted, and how each one's epochs are read, lives in
-`loaders.wrap_kinds`; this module turns their batches into protocol batches.
+`jaxfeed.loaders.wrapping.kinds`; this module turns their batches into protocol batches.
 """
 
 from __future__ import annotations
@@ -11,12 +11,10 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
-
-from loaders import wrap_batch
-from loaders.array_dataset import MASK_KEY
-from loaders.protocol import ArraySpec, Batch, BatchSource
-from loaders.sampler import check_batch_size, check_int, check_position, check_seed
-from loaders.wrap_kinds import KINDS, REPLAYABLE, Epochs, WrapSettings
+from jaxfeed.loaders.protocol import MASK_KEY, ArraySpec, Batch, BatchSource
+from jaxfeed.loaders.sampler import check_batch_size, check_int, check_position, check_seed
+from jaxfeed.loaders.wrapping import raw_batches
+from jaxfeed.loaders.wrapping.kinds import KINDS, REPLAYABLE, Epochs, WrapSettings
 
 
 class WrappedSource:
@@ -79,6 +77,14 @@ class WrappedSource:
         return dict(self._spec)
 
     def iter_epoch(self, epoch: int = 0, *, start: int = 0) -> Iterator[Batch]:
+        return self._iter_epoch(epoch, start, keep_state=True)
+
+    def without_data_state(self) -> BatchSource:
+        """This source's batches, keeping no stream state (see `SkipsDataState`):
+        a tf.data pipeline then takes no checkpoint at each epoch's start."""
+        return _WithoutDataState(self)
+
+    def _iter_epoch(self, epoch: int, start: int, keep_state: bool) -> Iterator[Batch]:
         # Checked now, not at the first batch (a past-the-end start is caught
         # only when the length is known).
         epoch, start = check_position(epoch, start, self.num_batches)
@@ -87,19 +93,7 @@ class WrappedSource:
             if (epoch, start) == (0, 0):
                 return _chain(*held)
             held[1].close()  # another position first: the held batch is not needed
-        return self._batches(epoch, start)
-
-    @property
-    def keep_data_state(self) -> bool:
-        """Whether the source keeps what `data_state` needs (see `BatchSource`).
-        Only a tf.data pipeline pays for it: a checkpoint at each epoch's start."""
-        stream = self._epochs.stream
-        return stream.keep_state if stream is not None else True
-
-    @keep_data_state.setter
-    def keep_data_state(self, keep: bool) -> None:
-        if self._epochs.stream is not None:
-            self._epochs.stream.keep_state = bool(keep)
+        return self._batches(epoch, start, keep_state)
 
     def data_state(self, epoch: int, next_batch: int) -> dict[str, Any]:
         """Where the source stood when batch ``next_batch - 1`` of ``epoch``
@@ -157,9 +151,13 @@ class WrappedSource:
                 start += 1
         return start
 
-    def _batches(self, epoch: int, start: int) -> Iterator[Batch]:
+    def _batches(self, epoch: int, start: int, keep_state: bool = True) -> Iterator[Batch]:
         start = self._raw(epoch, start)
-        raws = self._epochs.batches(epoch, start)  # now: a stream refuses a position here
+        stream = self._epochs.stream  # (a stream refuses a position now, at the call)
+        if stream is None:
+            raws = self._epochs.batches(epoch, start)
+        else:
+            raws = stream(epoch, start, keep_state)
         return self._finished(raws, epoch, start)
 
     def _finished(self, raws: Iterator[Any], epoch: int, start: int) -> Iterator[Batch]:
@@ -206,18 +204,18 @@ class WrappedSource:
         """Flattens, converts, transforms, checks, pads. Returns the batch
         (None: dropped) and its rows before padding. ``num_valid``: a
         sampler-ordered batch's real rows; the rest are zeroed, as in `make`."""
-        batch = wrap_batch.flatten(raw, self._keys)
+        batch = raw_batches.flatten(raw, self._keys)
         if self._transform is not None:
-            batch = {k: wrap_batch.to_numpy(v) for k, v in self._transform(batch).items()}
+            batch = {k: raw_batches.to_numpy(v) for k, v in self._transform(batch).items()}
         self._check_names(batch, where)
         for key, value in batch.items():
             if key in self.host_fields:
                 continue
             if key in self._pad_to:
-                value = wrap_batch.pad_last_axis(value, key, self._pad_to[key], where)
-            wrap_batch.check_numeric(value, key, where)
-            batch[key] = wrap_batch.as_on_device(value, key, where)
-        rows = wrap_batch.count_rows(batch, where)
+                value = raw_batches.pad_last_axis(value, key, self._pad_to[key], where)
+            raw_batches.check_numeric(value, key, where)
+            batch[key] = raw_batches.as_on_device(value, key, where)
+        rows = raw_batches.count_rows(batch, where)
         if num_valid is not None and num_valid < rows:
             batch = {k: v[:num_valid] for k, v in batch.items()}
             rows = num_valid
@@ -232,13 +230,13 @@ class WrappedSource:
         if rows < size:
             if self.drop_remainder:
                 return None, rows
-            batch = {k: wrap_batch.pad_batch_rows(v, size) for k, v in batch.items()}
+            batch = {k: raw_batches.pad_batch_rows(v, size) for k, v in batch.items()}
         if not self.drop_remainder:
             batch[MASK_KEY] = self._full_mask(size) if rows == size else np.arange(size) < rows
         if not self._spec_from:
             self._spec, self._spec_from = self._spec_of(batch), where
         elif not self._matches_spec(batch):
-            wrap_batch.raise_mismatch(self._spec, self._spec_of(batch), where, self._spec_from)
+            raw_batches.raise_mismatch(self._spec, self._spec_of(batch), where, self._spec_from)
         return batch, rows
 
     def _spec_of(self, batch: Batch) -> dict[str, ArraySpec]:
@@ -288,6 +286,24 @@ class WrappedSource:
             f"WrappedSource({self.kind}, batch_size={self._batch_size}, "
             f"num_batches={self.num_batches}, drop_remainder={self.drop_remainder}{host})"
         )
+
+
+class _WithoutDataState:
+    """`WrappedSource.without_data_state`: the same batches, no stream state kept."""
+
+    def __init__(self, source: WrappedSource):
+        self._source = source
+
+    batch_size = property(lambda self: self._source.batch_size)
+    num_batches = property(lambda self: self._source.num_batches)
+    element_spec = property(lambda self: self._source.element_spec)
+    host_fields = property(lambda self: self._source.host_fields)
+
+    def iter_epoch(self, epoch: int = 0, *, start: int = 0) -> Iterator[Batch]:
+        return self._source._iter_epoch(epoch, start, keep_state=False)
+
+    def __repr__(self) -> str:
+        return f"{self._source!r}.without_data_state()"
 
 
 def _chain(first: Batch, rest: Iterator[Batch]) -> Iterator[Batch]:
@@ -382,7 +398,7 @@ def wrap(
         batch_size = check_batch_size(batch_size)
     if isinstance(keys, str) or (keys is not None and not keys):
         raise ValueError(f"keys must be a sequence of names like ('image', 'label'), got {keys!r}")
-    host_fields, pad_to = wrap_batch.check_fields(host_fields, pad_to)
+    host_fields, pad_to = raw_batches.check_fields(host_fields, pad_to)
     if shuffle is not None and not isinstance(shuffle, bool):
         raise TypeError(f"shuffle must be None, True or False, got {shuffle!r}")
     kind = next((k for k in KINDS if k.match(obj)), None)

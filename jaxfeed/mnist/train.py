@@ -12,9 +12,9 @@ import optax
 from jax.sharding import Mesh, NamedSharding
 
 from jaxfeed.checkpoint import Checkpointing
-from jaxfeed.fit import Sums, batch_mask, evaluate_metrics, fit
-from jaxfeed.model import Params, init_params, predict
-from loaders.protocol import BatchSource
+from jaxfeed.loaders.protocol import BatchSource
+from jaxfeed.loop import Sums, batch_mask, evaluate_metrics, fit
+from jaxfeed.mnist.model import Params, init_params, predict
 
 State = dict[str, Any]  # {"params": Params, "opt_state": optax state}
 

@@ -20,14 +20,14 @@ import base64
 import os
 import re
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
-
-from loaders.wrap_batch import map_leaves
-from loaders.wrap_epochs import Epochs, WrapSettings
-from loaders.wrap_streams import own_order, stream_epochs
+from jaxfeed.loaders.wrapping.epochs import Epochs, WrapSettings
+from jaxfeed.loaders.wrapping.random_access import RandomAccess, sampled_epochs, stack
+from jaxfeed.loaders.wrapping.raw_batches import map_leaves
+from jaxfeed.loaders.wrapping.streams import own_order, stream_epochs
 
 
 def _leading_dim(spec: Any) -> int | None:
@@ -42,7 +42,7 @@ def _leaves(tree: Any) -> list[Any]:
     return leaves
 
 
-def tf_stream(dataset: Any, settings: WrapSettings, **_: Any) -> Epochs:
+def wrap_dataset(dataset: Any, settings: WrapSettings, **_: Any) -> Epochs:
     """A tf.data pipeline, in its own order. On several processes it is
     sharded with ``Dataset.shard(process_count, process_index)``: its rows
     before wrap batches them, or, for a pipeline that batches itself, its
@@ -140,9 +140,9 @@ class TfCursor:
     def refusal(self) -> str | None:
         if self._cannot is None and not self.keep_state:
             return (
-                "it keeps no tf.data checkpoints while keep_data_state is False (as "
-                "jaxfeed.fit sets it when it does not checkpoint); set "
-                "source.keep_data_state = True before the epoch to resume from"
+                "it kept no tf.data checkpoints for an epoch read through "
+                "without_data_state() (as jaxfeed.fit reads when it does not checkpoint); "
+                "read the epoch to resume from through the source itself"
             )
         return self._cannot
 
@@ -285,3 +285,27 @@ def _check_shardable(dataset: Any) -> None:
                 "process), or shard it yourself before shuffling and pass process_count=1"
             )
         todo.extend(node._inputs() if hasattr(node, "_inputs") else ())
+
+
+# --- TFDS data sources: random access, read in the shared sampler's order ---------------
+
+
+def _tfds_access(source: Any) -> RandomAccess:
+    """A TFDS data source (``tfds.data_source(...)``, ``builder.as_data_source``):
+    records read with ``__getitems__`` per index batch, every leaf stacked."""
+
+    def getitems(keys: list[int]) -> Sequence[Any]:
+        if hasattr(source, "__getitems__"):
+            return source.__getitems__(keys)
+        return [source[key] for key in keys]
+
+    def read(epoch: int, plan: Sequence[np.ndarray]) -> Iterator[Any]:
+        for indices in plan:
+            yield stack(getitems(indices.tolist()))
+
+    return RandomAccess(len(source), False, read)
+
+
+def wrap_tfds_source(source: Any, settings: WrapSettings, **_: Any) -> Epochs:
+    """A TFDS data source, in the shared sampler's order."""
+    return sampled_epochs("TFDS data source", _tfds_access(source), settings)

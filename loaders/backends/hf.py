@@ -23,16 +23,15 @@ from typing import Any
 import datasets
 import numpy as np
 import pyarrow as pa
-
-from loaders.array_dataset import ArrayDataset
-from loaders.cache import build_once, cache_entry
-from loaders.sampler import Sampler
-from loaders.source import SampledSource
+from jaxfeed.loaders.array_dataset import ArrayDataset
+from jaxfeed.loaders.backends.sampled_source import SampledSource
+from jaxfeed.loaders.data.cache import build_once, cache_entry
+from jaxfeed.loaders.sampler import Sampler
 
 OPTIONS = ("order", "read")
 READS = ("take", "getitem")
 # Bump when the stored layout changes: old caches are then not reused.
-# v2: entries carry a manifest (loaders.cache.build_once).
+# v2: entries carry a manifest (jaxfeed.loaders.data.cache.build_once).
 LAYOUT_VERSION = "v2"
 # Rows gathered per Arrow call. A take and its conversion to numpy cost more
 # per call than copying a whole 128-image batch (pyarrow 26, datasets 5.2), so

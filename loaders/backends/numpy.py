@@ -5,10 +5,9 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping, Sequence
 
 import numpy as np
-
-from loaders.datasets import ArrayDataset
-from loaders.sampler import Sampler
-from loaders.source import SampledSource
+from jaxfeed.loaders.backends.sampled_source import SampledSource
+from jaxfeed.loaders.data.catalog import ArrayDataset
+from jaxfeed.loaders.sampler import Sampler
 
 
 class NumpySource(SampledSource):

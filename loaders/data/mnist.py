@@ -23,9 +23,8 @@ from pathlib import Path
 from typing import IO
 
 import numpy as np
+from jaxfeed.loaders.data.cache import cache_root, writable_dir
 from tqdm import tqdm
-
-from loaders.cache import cache_root, writable_dir
 
 __all__ = [
     "CHECKSUMS",

@@ -24,12 +24,11 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
+from jaxfeed.loaders.array_dataset import ArrayDataset
+from jaxfeed.loaders.backends.sampled_source import SampledSource
+from jaxfeed.loaders.read_ahead import END, pump
+from jaxfeed.loaders.sampler import Sampler
 from torch.utils import data as torch_data
-
-from loaders.array_dataset import ArrayDataset
-from loaders.read_ahead import END, pump
-from loaders.sampler import Sampler
-from loaders.source import SampledSource
 
 OPTIONS = ("order", "num_workers", "prefetch_factor", "persistent_workers")
 

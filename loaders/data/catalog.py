@@ -7,9 +7,8 @@ from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
-
-from loaders import mnist_datasets
-from loaders.array_dataset import ArrayDataset
+from jaxfeed.loaders.array_dataset import ArrayDataset
+from jaxfeed.loaders.data import named as mnist_datasets
 
 __all__ = ["DATASETS", "SPLITS", "ArrayDataset", "DatasetLike", "load_dataset"]
 

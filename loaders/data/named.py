@@ -15,10 +15,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
-
-from loaders import mnist
-from loaders.array_dataset import ArrayDataset
-from loaders.idx import read_idx
+from jaxfeed.loaders.array_dataset import ArrayDataset
+from jaxfeed.loaders.data import mnist
+from jaxfeed.loaders.data.idx import read_idx
 
 NUM_CLASSES = 10  # every named dataset and IDX directory is MNIST-style: digits 0-9
 _IDX_FILES = {

@@ -3,7 +3,7 @@
 Both the tf backend (``tfrecord``, read by ``tf.data``) and the Grain backend's
 ``source="tfds"`` (``array_record``, random access through
 ``tfds.data_source``) read their split from here. The copy is built once
-under ``cache_root()/tfds/`` by `loaders.cache.build_once`, keyed by content,
+under ``cache_root()/tfds/`` by `jaxfeed.loaders.data.cache.build_once`, keyed by content,
 and checked against its manifest on every open.
 """
 
@@ -22,8 +22,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
-from loaders.array_dataset import ArrayDataset
-from loaders.cache import build_once, cache_entry
+from jaxfeed.loaders.array_dataset import ArrayDataset
+from jaxfeed.loaders.data.cache import build_once, cache_entry
 
 __all__ = [
     "TFDS_NAME",
@@ -99,7 +99,7 @@ def split_name(dataset: ArrayDataset) -> str:
 
 
 @contextlib.contextmanager
-def _quiet_build() -> Iterator[None]:
+def quiet_build() -> Iterator[None]:
     """Silences TFDS's build chatter ("Downloading and preparing...", progress
     bars, absl warnings) and replays it to stderr if the build fails."""
     out = io.StringIO()
@@ -153,7 +153,7 @@ def store(dataset: ArrayDataset, file_format: str = "tfrecord") -> Path:
             (i, {key: array[i] for key, array in dataset.arrays.items()})
             for i in range(len(dataset))
         )
-        with _quiet_build():
+        with quiet_build():
             tfds.dataset_builders.store_as_tfds_dataset(
                 name=TFDS_NAME,
                 version=TFDS_VERSION,

@@ -20,12 +20,11 @@ from typing import Any
 
 import grain
 import numpy as np
-
-from loaders.array_dataset import ArrayDataset
-from loaders.protocol import Batch
-from loaders.sampler import Sampler
-from loaders.source import SampledSource
-from loaders.tfds_store import import_tfds, split_name, store
+from jaxfeed.loaders.array_dataset import ArrayDataset
+from jaxfeed.loaders.backends.sampled_source import SampledSource
+from jaxfeed.loaders.backends.tfds_store import import_tfds, split_name, store
+from jaxfeed.loaders.protocol import Batch
+from jaxfeed.loaders.sampler import Sampler
 
 SOURCES = ("memory", "tfds")
 OPTIONS = ("order", "source", "num_workers", "num_threads")
@@ -140,7 +139,7 @@ class _Reader:
             options = grain.ReadOptions(num_threads=threads, prefetch_buffer_size=2 * threads)
             ds = self._batches[position:].to_iter_dataset(options)
             if self._num_workers:
-                _mark_absl_flags_parsed()
+                mark_absl_flags_parsed()
                 ds = ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=self._num_workers))
             self._iterator, self.position = iter(ds), position
         try:
@@ -282,7 +281,7 @@ class GrainSource(SampledSource):
             reader.close()  # stops worker processes now, not at garbage collection
 
 
-def _mark_absl_flags_parsed() -> None:
+def mark_absl_flags_parsed() -> None:
     """Lets ``mp_prefetch`` run outside ``absl.app``.
 
     Grain 0.2.18 reads the absl flag ``--grain_enable_multiprocess_worker_profiling``

@@ -1,7 +1,7 @@
 """TensorFlow backend: tf.data over a TFDS-format copy of the dataset.
 
 The split is stored once as a real TFDS dataset (``tfrecord`` files plus
-``dataset_info.json``, see `loaders.tfds_store`), read back whole with
+``dataset_info.json``, see `jaxfeed.loaders.backends.tfds_store`), read back whole with
 ``tfds.builder_from_directory(...).as_dataset`` and held as tensors. Batches
 come from one long-lived tf.data iterator per source that gathers the
 sampler's index batches with ``tf.gather`` (see `_Pipeline`).
@@ -14,11 +14,10 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
-
-from loaders.array_dataset import ArrayDataset
-from loaders.sampler import Sampler
-from loaders.source import SampledSource
-from loaders.tfds_store import import_tensorflow, import_tfds, split_name, store
+from jaxfeed.loaders.array_dataset import ArrayDataset
+from jaxfeed.loaders.backends.sampled_source import SampledSource
+from jaxfeed.loaders.backends.tfds_store import import_tensorflow, import_tfds, split_name, store
+from jaxfeed.loaders.sampler import Sampler
 
 OPTIONS = ("order",)
 

@@ -1,0 +1,462 @@
+"""torch for `wrap`: a ``DataLoader``, a map-style ``Dataset`` or an ``IterableDataset``.
+
+A map-style dataset (alone or behind a ``DataLoader`` with torch's own
+``RandomSampler`` / ``SequentialSampler``) is read in the shared sampler's
+order: a ``DataLoader`` built like the user's is fed the epoch's plan as its
+``batch_sampler``, so the user's collate function, workers and transforms
+still run. Anything else keeps its own order and is read through torchdata's
+``StatefulDataLoader`` built like the user's loader; its ``state_dict()`` is
+taken with every batch. On resume it restores the dataset's and sampler's own
+state when they have one (torchdata's ``Stateful``), else it reads the
+epoch's batches again up to the position (after ``set_epoch``), exact when
+the dataset yields the same batches for the same epoch.
+
+Workers are spawned, not forked, under JAX: forking a process that runs
+JAX's threads can deadlock (the threads are copied mid-work). `wrap`
+switches a loader whose workers would fork to spawn when spawning works,
+and otherwise warns once, naming the fix.
+"""
+
+from __future__ import annotations
+
+import ast
+import base64
+import multiprocessing
+import pickle
+import sys
+import types
+import warnings
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+import numpy as np
+from jaxfeed.loaders.wrapping.epochs import Epochs, WrapSettings
+from jaxfeed.loaders.wrapping.random_access import (
+    RandomAccess,
+    class_names,
+    sampled_epochs,
+)
+from jaxfeed.loaders.wrapping.streams import (
+    SHARD_YOURSELF,
+    IterCursor,
+    length,
+    one_process,
+    own_order,
+    stream_epochs,
+)
+
+
+def wrap_loader(loader: Any, settings: WrapSettings, **_: Any) -> Epochs:
+    """A ``DataLoader``: in the shared sampler's order when it shuffles (or
+    not) with torch's own samplers, else in its own order."""
+    context = worker_context(loader)
+    access = _loader_access(loader, context)
+    if isinstance(access, RandomAccess):
+        return sampled_epochs("torch DataLoader", access, settings)
+    return _loader_stream(loader, settings, access, context)
+
+
+def wrap_dataset(dataset: Any, settings: WrapSettings, collate_fn: Any = None) -> Epochs:
+    """A map-style ``Dataset``, in the shared sampler's order."""
+    return sampled_epochs("torch Dataset", _dataset_access(dataset, collate_fn), settings)
+
+
+# --- random access: read in the shared sampler's order --------------------------------
+
+
+def _dataset_access(dataset: Any, collate_fn: Callable | None) -> RandomAccess:
+    """A map-style torch ``Dataset``: read by a ``DataLoader`` in this
+    process, collated by ``collate_fn`` (default: torch's ``default_collate``)."""
+    from torch.utils.data import default_collate
+
+    kwargs = {"collate_fn": collate_fn or default_collate}
+    return RandomAccess(_length(dataset, "torch Dataset"), False, _torch_reader(dataset, kwargs))
+
+
+def _loader_access(loader: Any, context: Any) -> RandomAccess | str:
+    """A ``DataLoader`` over a map-style dataset with torch's own
+    ``RandomSampler`` or ``SequentialSampler``: the same loader (dataset,
+    collate_fn, workers, ...) fed the plan as its ``batch_sampler``, its
+    workers started with ``context`` (see `worker_context`).
+
+    Returns:
+      The reader, or why the loader keeps its own order (a sentence).
+    """
+    if "IterableDataset" in class_names(loader.dataset):
+        return "it reads an IterableDataset (a stream)"
+    if loader.batch_sampler is None:
+        return "it was built with batch_size=None (its dataset yields whole batches)"
+    inner = getattr(loader.batch_sampler, "sampler", None)
+    if type(loader.batch_sampler).__name__ != "BatchSampler" or inner is not loader.sampler:
+        return f"it has its own batch_sampler ({type(loader.batch_sampler).__name__})"
+    sampler = type(loader.sampler).__name__
+    if sampler == "RandomSampler":
+        rows = _length(loader.dataset, "DataLoader's dataset")
+        if loader.sampler.replacement or loader.sampler.num_samples != rows:
+            return "its RandomSampler draws with replacement or a different number of rows"
+        shuffled = True
+    elif sampler == "SequentialSampler":
+        shuffled = False
+    else:
+        return f"it has its own sampler ({sampler})"
+    kwargs = {**loader_options(loader), "multiprocessing_context": context}
+    return RandomAccess(
+        _length(loader.dataset, "DataLoader's dataset"),
+        shuffled,
+        _torch_reader(loader.dataset, kwargs),
+        batch_size=loader.batch_size,
+        drop_remainder=loader.drop_last,
+    )
+
+
+def _length(obj: Any, what: str) -> int:
+    try:
+        return len(obj)
+    except TypeError:
+        raise TypeError(
+            f"a {what} without __len__ cannot be read in sampler order; give "
+            f"{type(obj).__name__} a __len__, or wrap it as a stream (an IterableDataset)"
+        ) from None
+
+
+def loader_options(loader: Any) -> dict[str, Any]:
+    """The ``DataLoader`` arguments that are not about order: what `wrap`
+    keeps when it builds an equivalent loader."""
+    names = [
+        "num_workers", "collate_fn", "pin_memory", "timeout", "worker_init_fn",
+        "multiprocessing_context", "generator", "prefetch_factor", "persistent_workers",
+        "pin_memory_device", "in_order",
+    ]  # fmt: skip
+    return {name: getattr(loader, name) for name in names if hasattr(loader, name)}
+
+
+def rebuilt_loader(loader: Any, context: Any, cls: type | None = None) -> Any:
+    """``loader``'s dataset, order and options as a new ``cls`` (torch's
+    ``DataLoader`` by default, or torchdata's ``StatefulDataLoader``), its
+    workers started with ``context``. The user's sampler objects are reused,
+    so a ``set_epoch`` on them still reaches the new loader; a plain
+    ``BatchSampler`` over its sampler is rebuilt from its parts (which a
+    ``StatefulDataLoader`` can checkpoint)."""
+    if cls is None:
+        from torch.utils.data import DataLoader as cls
+    kwargs = {**loader_options(loader), "multiprocessing_context": context}
+    dataset, batches = loader.dataset, loader.batch_sampler
+    iterable = "IterableDataset" in class_names(dataset)
+    if iterable or (type(batches).__name__ == "BatchSampler" and batches.sampler is loader.sampler):
+        sampler = None if iterable else loader.sampler
+        return cls(
+            dataset,
+            batch_size=loader.batch_size,
+            sampler=sampler,
+            drop_last=loader.drop_last,
+            **kwargs,
+        )
+    if batches is not None:
+        return cls(dataset, batch_sampler=batches, **kwargs)
+    return cls(dataset, batch_size=None, sampler=loader.sampler, **kwargs)
+
+
+def _torch_reader(dataset: Any, kwargs: dict[str, Any]) -> Callable[..., Iterator[Any]]:
+    """Reads plans through DataLoaders built like the user's (`EpochLoaders`)."""
+    from jaxfeed.loaders.backends.torch import EpochLoaders
+
+    read = EpochLoaders(dataset, **kwargs)
+    # Python ints, as torch's own samplers give.
+    return lambda epoch, plan: read([indices.tolist() for indices in plan])
+
+
+# --- streams: the loader's own order, resumed with torchdata's state ----------------------
+
+
+class TorchCursor(IterCursor):
+    """A torch loader's pass ``p``: every ``set_epoch(p)``, then the loader,
+    a torchdata ``StatefulDataLoader`` whose state is taken with each batch.
+
+    A sampler or dataset may draw a pass's order from a torch generator (its
+    own, the loader's, or torch's global one) without saying so in its
+    state: their states at the pass's start are part of the cursor's, and
+    restored with it. So a pass is not restartable from nothing.
+
+    Args:
+      loader: the ``StatefulDataLoader``, or the user's loader without torchdata.
+      setters: the ``set_epoch`` methods of its sampler, dataset, ...
+      generators: the torch generators its order may draw from.
+    """
+
+    restartable = False
+
+    def __init__(self, loader: Any, setters: list[Callable[[int], Any]], generators: list[Any]):
+        super().__init__()
+        self._loader, self._setters, self._generators = loader, setters, generators
+        self.per_batch = hasattr(loader, "state_dict")
+        if not self.per_batch:
+            self.refusal = (
+                "torchdata is not installed, and without its StatefulDataLoader a torch "
+                "loader has no state to restart from; pip install torchdata"
+            )
+        self._start: list[str] = []  # the generators' states at this pass's start
+        self._state: Any = None  # the loader's, after the last batch
+
+    def begin(self, pass_: int, state: Any, in_pass: int) -> None:
+        import torch
+        from jaxfeed.loaders.backends.torch import iterate  # imports torch, which the user has
+
+        self._close()
+        for set_epoch in self._setters:
+            set_epoch(pass_)
+        if state is not None:
+            if len(state["generators"]) != len(self._generators):
+                raise ValueError(
+                    f"this data state holds {len(state['generators'])} torch generator "
+                    f"state(s), but this loader draws from {len(self._generators)} (its "
+                    f"sampler's, loader's and dataset's generator); resume with a loader "
+                    f"built like the one the state was taken from"
+                )
+            for generator, saved in zip(self._generators, state["generators"], strict=True):
+                data = np.frombuffer(base64.b64decode(saved), np.uint8).copy()
+                generator.set_state(torch.from_numpy(data))
+        self._start = [
+            base64.b64encode(g.get_state().numpy().tobytes()).decode("ascii")
+            for g in self._generators
+        ]
+        self._state = None if state is None else state["loader"]
+        if self._state is not None:
+            self._loader.load_state_dict(self._state)
+        # `iterate` turns a dead worker into an error on any thread, not a hang.
+        self._batches = iterate(_WithStates(self._loader) if self.per_batch else self._loader)
+
+    def next(self) -> Any:
+        if not self.per_batch:
+            return next(self._batches)
+        batch, self._state = next(self._batches)
+        return batch
+
+    def state(self) -> Any:
+        return {"loader": self._state, "generators": self._start}
+
+
+def _generators(*owners: Any) -> list[Any]:
+    """torch's global generator and those of ``owners`` (a loader, its samplers)."""
+    import torch
+
+    found = {id(torch.default_generator): torch.default_generator}
+    for owner in owners:
+        generator = getattr(owner, "generator", None)
+        if isinstance(generator, torch.Generator):
+            found.setdefault(id(generator), generator)
+    return list(found.values())
+
+
+class _WithStates:
+    """A ``StatefulDataLoader`` whose iterator yields ``(batch, state after
+    it)``: `iterate` may read a batch ahead on its own thread, so the state
+    is taken with the batch, not when it is served."""
+
+    def __init__(self, loader: Any):
+        self._loader, self.num_workers = loader, loader.num_workers
+
+    def __iter__(self) -> _Pairs:
+        return _Pairs(self._loader)
+
+
+class _Pairs:
+    def __init__(self, loader: Any):
+        self._loader, self._batches = loader, iter(loader)
+        # torch_backend's worker watch reads the workers from the iterator.
+        self._workers = getattr(self._batches, "_workers", ())
+
+    def __iter__(self) -> _Pairs:
+        return self
+
+    def __next__(self) -> tuple[Any, Any]:
+        batch = next(self._batches)
+        return batch, self._loader.state_dict()
+
+
+def stateful_loader(loader: Any, context: Any) -> Any:
+    """A torchdata ``StatefulDataLoader`` reading like ``loader`` (its dataset,
+    sampler, collate_fn, workers...), its workers started with ``context``;
+    ``loader`` itself (rebuilt for ``context``) without torchdata."""
+    try:
+        from torchdata.stateful_dataloader import StatefulDataLoader
+    except ImportError:  # then reading is all it does: TorchCursor refuses to restart
+        if context is loader.multiprocessing_context:
+            return loader
+        return rebuilt_loader(loader, context)
+    with warnings.catch_warnings():
+        # torchdata 0.11 calls torch.set_vital, deprecated in torch 2.13.
+        warnings.filterwarnings("ignore", message=".*set_vital", category=UserWarning)
+        return rebuilt_loader(loader, context, StatefulDataLoader)
+
+
+def _loader_stream(loader: Any, settings: WrapSettings, why: str, context: Any) -> Epochs:
+    """A torch ``DataLoader`` that keeps its own order (``why``)."""
+    kind = "torch DataLoader"
+    batch_size, drop_remainder = settings.batch_size, settings.drop_remainder
+    native = loader.batch_size  # None when a batch_sampler decides
+    if batch_size is not None and native is not None and batch_size != native:
+        raise ValueError(
+            f"the DataLoader yields batches of {native} but batch_size={batch_size}; "
+            f"omit batch_size, or build the DataLoader with batch_size={batch_size}"
+        )
+    # DistributedSampler-style objects reshuffle per epoch only when told.
+    candidates = (loader.sampler, loader.batch_sampler, loader.dataset)
+    candidates += (getattr(loader.batch_sampler, "sampler", None),)
+    setters = {id(c): c.set_epoch for c in candidates if callable(getattr(c, "set_epoch", None))}
+    own_order(kind, settings, why)
+    if "IterableDataset" in class_names(loader.dataset):
+        fix = SHARD_YOURSELF.replace("Shard it yourself", "Shard it in the dataset's __iter__")
+    else:
+        fix = (
+            "Give each process its own rows with torch's DistributedSampler(dataset, "
+            "num_replicas=process_count, rank=process_index), or build the DataLoader "
+            "with shuffle=True/False (no sampler) so wrap slices it"
+        )
+    if not _sharded_by_torch(candidates, settings):
+        one_process(kind, settings, why, fix)
+    num = length(loader)
+    if drop_remainder and not loader.drop_last:
+        rows = length(loader.sampler) if native else None
+        num = None if rows is None else rows // native
+    generators = _generators(loader, *candidates)
+    cursor = TorchCursor(stateful_loader(loader, context), list(setters.values()), generators)
+    return stream_epochs(kind, cursor, settings, endless=False, num_batches=num, batch_size=native)
+
+
+def _sharded_by_torch(candidates: tuple[Any, ...], settings: WrapSettings) -> bool:
+    """Whether a DistributedSampler already gives this process its share."""
+    return settings.process_count > 1 and any(
+        type(c).__name__ == "DistributedSampler"
+        and (c.num_replicas, c.rank) == (settings.process_count, settings.process_index)
+        for c in candidates
+    )
+
+
+def wrap_iterable_dataset(dataset: Any, settings: WrapSettings, collate_fn: Any = None) -> Epochs:
+    """A torch ``IterableDataset``, read by a ``DataLoader`` that batches its
+    rows when ``batch_size`` is given, else passes its items (batches) on."""
+    from torch.utils.data import DataLoader
+
+    kind = "torch IterableDataset"
+    own_order(kind, settings, "it is a stream")
+    one_process(kind, settings, "it is a stream", SHARD_YOURSELF)
+    batch_size = settings.batch_size
+    options = {} if collate_fn is None else {"collate_fn": collate_fn}
+    num = None
+    if batch_size is None:  # its items are batches: passed on as they are
+        options = {"collate_fn": collate_fn or _as_is}
+        num = None if settings.drop_remainder else length(dataset)
+    else:
+        options["drop_last"] = settings.drop_remainder
+    loader = DataLoader(dataset, batch_size=batch_size, **options)
+    setters = [dataset.set_epoch] if callable(getattr(dataset, "set_epoch", None)) else []
+    cursor = TorchCursor(stateful_loader(loader, None), setters, _generators(dataset))
+    return stream_epochs(
+        kind, cursor, settings, endless=False, num_batches=num, batch_size=batch_size
+    )
+
+
+def _as_is(item: Any) -> Any:
+    return item
+
+
+# --- workers: spawned, not forked, under JAX ----------------------------------------------
+
+
+def worker_context(loader: Any) -> Any:
+    """The multiprocessing context `wrap` gives ``loader``'s workers.
+
+    Forking a process that runs JAX's threads can deadlock, so workers that
+    would fork by default are spawned instead when spawning works (the
+    dataset, collate_fn and worker_init_fn pickle, and a script re-run by
+    spawn starts no work). Otherwise, and for an explicit ``"fork"``, the
+    loader keeps its context and one warning names the fix.
+    """
+    context = loader.multiprocessing_context
+    if not loader.num_workers:
+        return context
+    if context is None:
+        method = multiprocessing.get_start_method(allow_none=True)
+        method = method or multiprocessing.get_all_start_methods()[0]
+    else:
+        method = context.get_start_method()
+    if method != "fork":
+        return context
+    problem = "it was built with multiprocessing_context='fork'" if context else None
+    parts = ("dataset", "collate_fn", "worker_init_fn")
+    problem = problem or _spawn_problem({name: getattr(loader, name) for name in parts})
+    if problem is None:
+        return "spawn"
+    warnings.warn(
+        f"the wrapped DataLoader starts its {loader.num_workers} workers with fork, which "
+        f"can deadlock a process that runs JAX (JAX's threads are copied mid-work), and "
+        f"wrap cannot switch them to spawn: {problem}. Build the DataLoader with "
+        f"multiprocessing_context='spawn' and a picklable dataset, collate_fn and "
+        f"worker_init_fn (defined at module level of an importable file), and start the "
+        f"work under `if __name__ == '__main__':`",
+        RuntimeWarning,
+        stacklevel=4,  # wrap()'s caller (through torch.wrap_loader)
+    )
+    return context
+
+
+def _spawn_problem(parts: Mapping[str, Any]) -> str | None:
+    """Why spawned workers could not run ``parts``, or None."""
+    main = sys.modules["__main__"]
+    main_file = getattr(main, "__file__", None)
+    in_main: list[str] = []
+
+    class Probe(pickle.Pickler):
+        def persistent_id(self, obj: Any) -> Any:
+            if isinstance(obj, np.ndarray) and not obj.dtype.hasobject:
+                return 0  # arrays always pickle: skip their bytes
+            if type(obj).__module__.startswith("torch") and type(obj).__name__ == "Tensor":
+                return 0
+            if isinstance(obj, type | types.FunctionType) and obj.__module__ == "__main__":
+                in_main.append(obj.__qualname__)
+            return None
+
+    for name, value in parts.items():
+        try:
+            Probe(_Discard(), protocol=pickle.HIGHEST_PROTOCOL).dump(value)
+        except Exception as error:  # whatever fails, it does not pickle
+            return f"its {name} does not pickle ({type(error).__name__}: {error})"
+        if in_main and main_file is None:
+            return (
+                f"its {name} uses {in_main[0]}, defined in an interactive session, which "
+                f"spawned workers cannot import"
+            )
+    if main_file is not None and not _called_under_main_guard(main, main_file):
+        return f"{main_file} calls wrap() outside `if __name__ == '__main__':` (spawn re-runs it)"
+    return None
+
+
+class _Discard:
+    def write(self, data: bytes) -> int:
+        return len(data)
+
+
+def _called_under_main_guard(main: types.ModuleType, main_file: str) -> bool:
+    """Whether the main script's top-level code reaches this call from inside
+    ``if __name__ == "__main__":`` (spawn re-runs everything outside it)."""
+    frame, line = sys._getframe(), None
+    while frame is not None:
+        if frame.f_globals is vars(main) and frame.f_code.co_name == "<module>":
+            line = frame.f_lineno
+        frame = frame.f_back
+    if line is None:
+        return True  # not called from the script's top-level code
+    try:
+        with open(main_file, encoding="utf-8") as file:
+            tree = ast.parse(file.read())
+    except (OSError, SyntaxError, ValueError):
+        return False
+    return any(
+        isinstance(node, ast.If)
+        and ast.unparse(node.test).replace("'", '"') in _GUARDS
+        and node.lineno <= line <= (node.end_lineno or node.lineno)
+        for node in tree.body
+    )
+
+
+_GUARDS = ('__name__ == "__main__"', '"__main__" == __name__')
