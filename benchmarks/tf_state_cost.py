@@ -1,12 +1,12 @@
 """What exact resume costs a wrapped tf.data pipeline: its checkpoint per epoch.
 
 A wrapped tf.data pipeline resumes from tf.data's own iterator checkpoint,
-taken at each epoch's start (`loaders/wrap_tf.py`). This times one epoch of
+taken at each epoch's start (`loaders/wrapping/tf.py`). This times one epoch of
 the compare's tf-data tutorial pipeline (``from_tensor_slices(...).shuffle(N,
 seed).batch(B).prefetch(AUTOTUNE)``, N = every row, so the checkpoint holds
 the whole shuffle buffer) three ways, interleaved: iterated bare; through
-``loaders.wrap`` as made (``keep_data_state=True``: the checkpoints); and with
-``keep_data_state=False``, as `jaxfeed.fit` sets it when it does not
+``jaxfeed.wrap`` as made (the checkpoints); and through its
+``without_data_state()`` view, which `jaxfeed.fit` reads when it does not
 checkpoint. From the repository root::
 
     python3 benchmarks/tf_state_cost.py --data-dir ../shared/data/mnist
@@ -54,12 +54,12 @@ def main() -> None:
     def wrapped(keep: bool):
         def epochs():
             wrap = loaders.wrap(pipeline())
-            wrap.keep_data_state = keep
-            return [lambda e=e: wrap.iter_epoch(e) for e in range(args.epochs)]
+            source = wrap if keep else wrap.without_data_state()
+            return [lambda e=e: source.iter_epoch(e) for e in range(args.epochs)]
 
         return epochs
 
-    ways = {"bare": bare, "wrap": wrapped(True), "wrap, keep_data_state=False": wrapped(False)}
+    ways = {"bare": bare, "wrap": wrapped(True), "wrap, without_data_state()": wrapped(False)}
     seconds: dict[str, list[float]] = {name: [] for name in ways}
     for _ in range(args.repeats):
         for name, way in ways.items():

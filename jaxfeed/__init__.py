@@ -6,7 +6,7 @@ One import root for the whole public API::
     source = jaxfeed.make("grain", dataset="mnist-sample", batch_size=64)
     source = jaxfeed.wrap(my_torch_dataloader)          # or your own loader
     feed = jaxfeed.DeviceFeed(source, jaxfeed.data_mesh())
-    result = jaxfeed.fit(state, step, source, epochs=3)
+    result = jaxfeed.fit(step, state, source, epochs=3)
 
 Three packages, dependencies pointing one way (``jaxfeed`` -> ``sharding`` ->
 ``loaders``): `jaxfeed.loaders` (every loader behind one `BatchSource`

@@ -89,6 +89,10 @@ class _Interrupts:
             signal.signal(signal.SIGINT, self._previous)
 
 
+def _copy(leaf: Any) -> Any:
+    return leaf.copy() if isinstance(leaf, jax.Array | np.ndarray) else leaf
+
+
 def _write_json(path: Path, value: Any) -> None:
     """Written whole or not at all: a reader never sees half a file."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -247,8 +251,7 @@ def fit(
     progress: bool | None = None,
     history_path: str | os.PathLike | None = None,
 ) -> FitResult:
-    """Trains ``state`` with ``step`` for ``epochs`` epochs of ``train`` (README:
-    "Train your own model with jaxfeed.fit").
+    """Trains ``state`` with ``step`` for ``epochs`` epochs of ``train`` (docs/fit.md).
 
     ``step(state, batch) -> (state, sums)`` gets the global batch as sharded
     arrays; ``sums`` are scalar metric sums over the batch's real rows (weigh
@@ -290,7 +293,8 @@ def fit(
     sharding = batch_sharding_of(mesh)
     replicated = NamedSharding(sharding.mesh, PartitionSpec())
     # A copy: the steps donate the state, and the caller's arrays must outlive fit.
-    state = jax.device_put(state, replicated, may_alias=False)
+    # (device_put(may_alias=False) alone still shares a buffer on several devices.)
+    state = jax.device_put(jax.tree.map(_copy, state), replicated)
     zeros = jax.device_put(trace_step(step, state, train), replicated)
     if eval is not None:
         eval_run, eval_zeros = compile_eval(eval_step, state, eval, replicated)

@@ -166,7 +166,7 @@ def make(
       seed: with the epoch number, defines the order.
       shuffle: a new permutation every epoch.
       drop_remainder: drop the last partial batch instead of padding it.
-      data_dir: directory holding the IDX files (else resolved; see README).
+      data_dir: directory holding the IDX files (else resolved; see docs/data.md).
       process_index, process_count: this process's slice of each global batch.
       **backend_options: passed to the backend (e.g. ``num_workers``).
 

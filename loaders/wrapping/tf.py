@@ -9,7 +9,7 @@ back, so the iterators made after it reshuffle as they did in the first run.
 
 The checkpoint holds whole buffers (a shuffle buffer's rows), so it is taken
 once per pass, at its start, and a position in the pass is reached by
-reading the batches before it again (README: "Resuming a wrapped loader").
+reading the batches before it again (docs/resuming.md).
 Another iterator of the same dataset, made elsewhere while training, draws
 from the same random state and changes the passes after it.
 """

@@ -24,7 +24,7 @@ class WrappedSource:
     and ``batch_size`` / ``element_spec`` are plain attributes that read
     nothing); the first ``iter_epoch(0)`` serves that batch, not a re-read.
     ``data_state`` / ``restore_data_state`` carry a position, and a stream's
-    own state, to a fresh process (README: "Resuming a wrapped loader").
+    own state, to a fresh process (docs/resuming.md).
 
     Attributes:
       host_fields: names of the leaves that stay numpy on the host (see
@@ -98,7 +98,7 @@ class WrappedSource:
     def data_state(self, epoch: int, next_batch: int) -> dict[str, Any]:
         """Where the source stood when batch ``next_batch - 1`` of ``epoch``
         had been produced, as JSON values (see `BatchSource`): the position,
-        and a stream's own state (README: "Resuming a wrapped loader").
+        and a stream's own state (docs/resuming.md).
 
         Raises:
           ValueError: a stream that cannot come back to that position exactly,
@@ -331,7 +331,7 @@ def wrap(
     resume: str | None = None,
     **options: Any,
 ) -> BatchSource:
-    """A `BatchSource` over a loader you already have (README: "Your own loader").
+    """A `BatchSource` over a loader you already have (docs/wrap.md).
 
     Takes a torch ``DataLoader``, map-style ``Dataset`` or ``IterableDataset``,
     a ``tf.data.Dataset``, a TFDS data source, a Grain ``MapDataset``,
@@ -341,14 +341,14 @@ def wrap(
     shared sampler's order (a new permutation per epoch, a slice per process,
     an exact ``start``), as ``make`` reads; streams keep their own order and
     are sharded with their framework's tool on several processes, or refused
-    (README: "What wrap takes over"). Batches become flat numpy dicts (a tuple
+    (docs/wrap.md). Batches become flat numpy dicts (a tuple
     ``(x, y)`` becomes ``{"image": x, "label": y}``, nested keys join with "/");
     a short batch is padded and masked, or dropped with ``drop_remainder``.
     64-bit leaves become 32-bit on the host, as JAX would make them on the
     device (unless ``jax_enable_x64``), so ``element_spec`` is what the step
     receives; an integer that does not fit is refused, not wrapped around.
     Epoch 0's first batch is read here, checked, and served by the first
-    ``iter_epoch(0)``. Every batch must match it (README: "What wrap refuses").
+    ``iter_epoch(0)``. Every batch must match it (docs/wrap.md).
 
     Args:
       obj: the loader.
@@ -377,7 +377,7 @@ def wrap(
         row is refused.
       resume: ``"replay"`` says a callable or custom re-iterable yields the
         same batches every time, so it may restart mid-epoch by reading them
-        again (README: "Resuming a wrapped loader"); None refuses that.
+        again (docs/resuming.md); None refuses that.
       **options: ``columns=[...]`` for ``datasets`` objects; ``collate_fn=``
         for a torch ``Dataset`` or ``IterableDataset``.
 

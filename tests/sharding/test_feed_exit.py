@@ -7,7 +7,11 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+# Subprocesses, kills and whole training runs: the full suite (CI) runs it, the
+# quick tier (-m "not slow") does not.
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[2]
 
 _SCRIPT = """
 from jaxfeed import loaders

@@ -19,6 +19,10 @@ from jaxfeed import loaders
 from jaxfeed.cli import main
 from jaxfeed.compare.report import format_report
 
+# Subprocesses, kills and whole training runs: the full suite (CI) runs it, the
+# quick tier (-m "not slow") does not.
+pytestmark = pytest.mark.slow
+
 BACKENDS = sorted(n for n, s in loaders.available().items() if not s.startswith("unavailable"))
 TUTORIALS = {
     "torch": ["torch-dataloader"],

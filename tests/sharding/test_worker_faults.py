@@ -15,6 +15,10 @@ import sys
 
 import pytest
 
+# Subprocesses, kills and whole training runs: the full suite (CI) runs it, the
+# quick tier (-m "not slow") does not.
+pytestmark = pytest.mark.slow
+
 # Far above the seconds a passing case needs; only a hang reaches it.
 HARD_TIMEOUT_SECONDS = 90
 

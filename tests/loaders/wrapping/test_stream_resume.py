@@ -20,7 +20,7 @@ from stream_resume_worker import KINDS, N
 
 from jaxfeed import loaders
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 WORKER = ROOT / "tests" / "stream_resume_worker.py"
 ENV = {
     **os.environ,
@@ -77,6 +77,7 @@ def _rows(batches: list[dict]) -> np.ndarray:
     return np.concatenate([b["label"][b["mask"]] if "mask" in b else b["label"] for b in batches])
 
 
+@pytest.mark.slow  # subprocesses
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_fresh_process_resumes_each_stream_kind_exactly(kind, runs):
     saved, resumed, states = runs
@@ -340,6 +341,7 @@ def test_restore_refuses_a_malformed_state_before_changing_the_stream():
 # --- end to end: jaxfeed.fit killed mid-epoch -------------------------------------------
 
 
+@pytest.mark.slow  # subprocesses
 def test_fit_killed_mid_epoch_resumes_bit_identical(tmp_path):
     # 7 batches per epoch, 3 epochs: kill during a step of epoch 2 (steps 9..13, 1-based).
     pick = random.Random(11)

@@ -12,7 +12,7 @@ import pytest
 import jaxfeed
 from jaxfeed import loaders, sharding
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = {
     "jaxfeed": ROOT / "jaxfeed",
     "jaxfeed.loaders": ROOT / "loaders",

@@ -25,7 +25,11 @@ from resume_worker import train_in_process
 
 from jaxfeed.checkpoint import latest
 
-WORKER = Path(__file__).with_name("resume_worker.py")
+# Subprocesses, kills and whole training runs: the full suite (CI) runs it, the
+# quick tier (-m "not slow") does not.
+pytestmark = pytest.mark.slow
+
+WORKER = Path(__file__).resolve().parents[2] / "tests" / "resume_worker.py"
 REPO = WORKER.parents[1]
 # 4,000 digits in batches of 256: 16 steps per epoch, the last one padded.
 RUN = ("--epochs", "2", "--batch-size", "256")

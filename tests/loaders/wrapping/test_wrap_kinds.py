@@ -23,7 +23,7 @@ from wrap_worker import ArraysDataset, B, N, Records, make_arrays
 from jaxfeed import loaders
 
 SEED = 3
-TESTS = Path(__file__).parent
+TESTS = Path(__file__).resolve().parents[2]  # tests/
 
 
 @pytest.fixture(scope="module")

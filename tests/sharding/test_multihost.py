@@ -28,7 +28,11 @@ from jaxfeed.sharding.agreement import disagreements
 from jaxfeed import loaders, sharding
 from jaxfeed.mnist import TrainConfig, train
 
-WORKER = Path(__file__).with_name("multihost_worker.py")
+# Subprocesses, kills and whole training runs: the full suite (CI) runs it, the
+# quick tier (-m "not slow") does not.
+pytestmark = pytest.mark.slow
+
+WORKER = Path(__file__).resolve().parents[2] / "tests" / "multihost_worker.py"
 REPO = WORKER.parents[1]
 BACKENDS = "numpy,torch,tf,grain,hf"
 TIMEOUT_SECONDS = 300

@@ -15,7 +15,7 @@ from wrap_worker import ArraysDataset, B, N, make_arrays
 
 from jaxfeed import loaders
 
-TESTS = Path(__file__).parent
+TESTS = Path(__file__).resolve().parents[2]  # tests/
 
 
 @pytest.fixture(scope="module")

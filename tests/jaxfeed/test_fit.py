@@ -211,15 +211,20 @@ def test_an_epochs_seconds_include_the_steps_still_running_on_the_device():
     assert min(seconds) > one_step, (seconds, one_step)
 
 
-def test_the_callers_state_stays_usable_after_fit_donates_its_copy():
-    # fit donates the state to its steps; the arrays passed in are copied first.
-    mesh = data_mesh(jax.devices()[:1])
+@pytest.mark.parametrize("devices", [1, 8])
+def test_the_callers_state_stays_usable_after_fit_donates_its_copy(devices):
+    # fit donates the state to its steps; the arrays passed in are copied first
+    # (on 8 devices, device_put(may_alias=False) alone still shared device 0's buffer).
+    mesh = data_mesh(jax.devices()[:devices])
     replicated = jax.NamedSharding(mesh, jax.sharding.PartitionSpec())
-    state = jax.device_put({"w": jnp.arange(3.0)}, replicated)  # already placed as fit would
+    state = {"w": jnp.arange(3.0)}  # on the default device, as a user makes it
+    placed = {"w": jax.device_put(jnp.arange(3.0), replicated)}  # or placed as fit would
 
     def step(state, batch):
         return {"w": state["w"] + 1}, _label_sums(state, batch)
 
-    result = fit(step, state, _batches(), epochs=1, mesh=mesh, progress=False)
-    assert not state["w"].is_deleted()
-    assert state["w"].tolist() == [0.0, 1.0, 2.0] and result.state["w"].tolist() == [2.0, 3.0, 4.0]
+    for given in (state, placed):
+        result = fit(step, given, _batches(), epochs=1, mesh=mesh, progress=False)
+        assert not given["w"].is_deleted()
+        assert given["w"].tolist() == [0.0, 1.0, 2.0]
+        assert result.state["w"].tolist() == [2.0, 3.0, 4.0]
