@@ -54,7 +54,8 @@ _EXPORTS = {
         "initialize",
         "place_batch",
     ),
-    "jaxfeed.checkpoint": ("Checkpointing",),
+    "jaxfeed.checkpoint": ("CheckpointError", "Checkpointing"),
+    "jaxfeed.interrupts": ("Preempted",),
     "jaxfeed.loop": ("FitResult", "batch_mask", "evaluate_metrics", "fit"),
 }
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
@@ -63,7 +64,8 @@ _SUBPACKAGES = ("loaders", "sharding", "mnist")
 __all__ = sorted(_WHERE)
 
 if TYPE_CHECKING:
-    from jaxfeed.checkpoint import Checkpointing
+    from jaxfeed.checkpoint import CheckpointError, Checkpointing
+    from jaxfeed.interrupts import Preempted
     from jaxfeed.loaders import (
         BACKENDS,
         DATASETS,

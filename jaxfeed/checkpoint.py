@@ -13,20 +13,46 @@ item (and every process) is done, so a crash mid-save leaves no checkpoint
 that looks complete; the next run deletes the leftover. Saves are
 asynchronous: the arrays are copied to host memory, then written while
 training goes on.
+
+A checkpoint verifies itself: ``meta.json`` holds the shape, dtype and CRC-32
+of every array, checked after the restore. A damaged or unreadable newest
+checkpoint is reported by step and file, and the newest one that verifies is
+used instead; when none does, `CheckpointError`. One run at a time writes a
+directory: the first process holds a lock on ``jaxfeed.lock`` in it (released
+by the system when the process dies, so a killed run leaves no stale lock).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import json
 import os
+import socket
+import time
+import warnings
+import zlib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import jax
+import numpy as np
 
-FORMAT = 1  # of meta.json; bumped when its fields change meaning
+FORMAT = 2  # of meta.json; bumped when its fields change meaning (2: array checksums)
+LOCK_FILE = "jaxfeed.lock"
+
+
+class CheckpointError(ValueError):
+    """No checkpoint in the directory can be trusted: each is damaged or unreadable."""
+
+
+class _Damaged(Exception):
+    """One checkpoint failed to read or to verify; the message names the file."""
+
+
+class CheckpointFallbackWarning(UserWarning):
+    """The newest checkpoint was damaged, and an older one that verifies was used."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,9 +124,79 @@ def check_settings(saved: Mapping[str, Any], current: Mapping[str, Any], where: 
         )
 
 
-def _abstract(tree: Any) -> Any:
-    """Shapes, dtypes and shardings of ``tree``'s arrays: what Orbax restores into."""
-    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), tree)
+def _host(leaf: Any) -> np.ndarray:
+    """A leaf's values on the host: one copy of a replicated array (each
+    process of a job holds it whole)."""
+    if isinstance(leaf, jax.Array) and leaf.is_fully_replicated:
+        leaf = leaf.addressable_data(0)
+    return np.asarray(leaf, order="C")  # (np.ascontiguousarray makes a scalar 1-d)
+
+
+def fingerprints(tree: Any) -> dict[str, dict[str, Any]]:
+    """Path -> shape, dtype and CRC-32 of every array of ``tree``: what a restore
+    checks before it is trusted."""
+    out = {}
+    for path, leaf in jax.tree_util.tree_leaves_with_path(tree):
+        values = _host(leaf)
+        out[jax.tree_util.keystr(path)] = {
+            "shape": list(values.shape),
+            "dtype": values.dtype.str,
+            "crc32": zlib.crc32(values.reshape(-1).view(np.uint8)),
+        }
+    return out
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0][:300]}" if text else type(error).__name__
+
+
+def _lock(directory: Path) -> Any:
+    """An exclusive lock on ``directory`` for this process's lifetime (or
+    until closed); refuses, by owner, a directory another run holds."""
+    directory.mkdir(parents=True, exist_ok=True)
+    handle = open(directory / LOCK_FILE, "a+")  # noqa: SIM115 (held for the run)
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.seek(0)
+        owner = handle.read().strip() or "an unknown process"
+        handle.close()
+        raise ValueError(
+            f"checkpoint directory {directory} is in use by another run ({owner}); wait for "
+            f"it to end, or give this run its own --checkpoint-dir"
+        ) from None
+    handle.seek(0)
+    handle.truncate()
+    started = time.strftime("%Y-%m-%d %H:%M:%S")
+    handle.write(f"host {socket.gethostname()}, pid {os.getpid()}, since {started}\n")
+    handle.flush()
+    return handle
+
+
+def _abstract_leaf(x: jax.Array) -> jax.ShapeDtypeStruct:
+    """An array's shape, dtype and sharding: what Orbax restores into."""
+    return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding)
+
+
+def _check_structure(saved: Mapping[str, Any], target: Any, where: str) -> None:
+    """Refuses a checkpoint whose arrays are not this run's (another model or optimizer)."""
+    mine = {
+        jax.tree_util.keystr(path): {
+            "shape": list(np.shape(leaf)),
+            "dtype": np.dtype(leaf.dtype).str,
+        }
+        for path, leaf in jax.tree_util.tree_leaves_with_path(target)
+    }
+    theirs = {path: {"shape": f["shape"], "dtype": f["dtype"]} for path, f in saved.items()}
+    if mine != theirs:
+        differ = sorted(set(mine) ^ set(theirs)) or [p for p in mine if mine[p] != theirs[p]]
+        path = differ[0]
+        raise ValueError(
+            f"{where} holds a train state that does not fit this run's (another model or "
+            f"optimizer?): {path} is {theirs.get(path, 'absent')} there, "
+            f"{mine.get(path, 'absent')} here"
+        )
 
 
 def _manager(directory: Path, keep: int | None, *, create: bool = True) -> Any:
@@ -171,7 +267,12 @@ class Checkpointer:
         self.directory = Path(config.directory).absolute()
         _check_directory(self.directory)
         self.settings = _as_json(dict(settings))
-        self._manager = _manager(self.directory, config.keep)
+        self._lock = _lock(self.directory) if jax.process_index() == 0 else None
+        try:
+            self._manager = _manager(self.directory, config.keep)
+        except BaseException:
+            self._unlock()
+            raise
         self.last_step: int | None = self._manager.latest_step()
 
     def save(
@@ -202,6 +303,7 @@ class Checkpointer:
             "settings": self.settings,
             "history": history,
             "data_state": data_state is not None,
+            "arrays": fingerprints({"state": state, "totals": dict(totals)}),
         }
         items = {
             "state": ocp.args.StandardSave({"state": state, "totals": dict(totals)}),
@@ -214,37 +316,74 @@ class Checkpointer:
         return True
 
     def restore(self, state: Any, totals: Mapping[str, jax.Array]) -> Restored | None:
-        """The newest checkpoint, restored onto the shardings of ``state`` and
-        ``totals`` (same structure, shapes and dtypes), or None if there is none.
+        """The newest checkpoint that verifies, restored onto the shardings of
+        ``state`` and ``totals`` (same structure, shapes and dtypes), or None if
+        there is none. Damaged newer ones are named in one warning.
 
         Raises:
           ValueError: the checkpoint was written with other settings, or holds
             a state of another structure.
+          CheckpointError: there are checkpoints, but none verifies.
+        """
+        damaged = []
+        for step in sorted(self._manager.all_steps(), reverse=True):
+            try:
+                restored = self._restore(step, state, totals)
+            except _Damaged as damage:
+                damaged.append(str(damage))
+                continue
+            if damaged:
+                warnings.warn(
+                    f"{'; '.join(damaged)}; resuming from step {step} instead, the newest "
+                    f"checkpoint in {self.directory} that verifies",
+                    CheckpointFallbackWarning,
+                    stacklevel=3,
+                )
+            return restored
+        if damaged:
+            raise CheckpointError(
+                f"no checkpoint in {self.directory} verifies: {'; '.join(damaged)}. Delete "
+                f"the damaged ones to start fresh, or restore them from a copy"
+            )
+        return None
+
+    def _restore(self, step: int, state: Any, totals: Mapping[str, jax.Array]) -> Restored:
+        """Checkpoint ``step``, read and verified.
+
+        Raises:
+          _Damaged: a file of it cannot be read, or an array does not match
+            its checksum (the message names the step and the file).
+          ValueError: it is another run's (settings, format or structure).
         """
         import orbax.checkpoint as ocp
 
-        step = self._manager.latest_step()
-        if step is None:
-            return None
         where = f"checkpoint {self.directory / str(step)}"
-        meta = self._manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
-        meta = meta["meta"]
+        try:
+            meta = self._manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
+            meta = meta["meta"]
+        except Exception as error:
+            raise _Damaged(f"step {step}: {where}/meta/meta.json is unreadable "
+                           f"({_first_line(error)})") from None  # fmt: skip
         if meta.get("format") != FORMAT:
             raise ValueError(
                 f"{where} has format {meta.get('format')!r}; this jaxfeed reads format {FORMAT}"
             )
         check_settings(meta["settings"], self.settings, where)
-        target = {"state": _abstract(state), "totals": _abstract(dict(totals))}
-        items = {"state": ocp.args.StandardRestore(target)}
+        target = {"state": state, "totals": dict(totals)}
+        _check_structure(meta["arrays"], target, where)
+        items = {"state": ocp.args.StandardRestore(jax.tree.map(_abstract_leaf, target))}
         if meta["data_state"]:
             items["data"] = ocp.args.JsonRestore()
         try:
             restored = self._manager.restore(step, args=ocp.args.Composite(**items))
-        except (ValueError, KeyError, TypeError) as err:
-            raise ValueError(
-                f"{where} holds a train state that does not fit this run's (another model "
-                f"or optimizer?): {err}"
-            ) from err
+        except Exception as error:
+            raise _Damaged(f"step {step}: {where}/state is unreadable "
+                           f"({_first_line(error)})") from None  # fmt: skip
+        for path, found in fingerprints(restored["state"]).items():
+            if found["crc32"] != meta["arrays"][path]["crc32"]:
+                raise _Damaged(
+                    f"step {step}: array {path} in {where}/state does not match its checksum"
+                )
         return Restored(
             state=restored["state"]["state"],
             totals=restored["state"]["totals"],
@@ -260,6 +399,15 @@ class Checkpointer:
         self._manager.wait_until_finished()
 
     def close(self) -> None:
-        """Waits for the save in progress to be written, then releases Orbax's threads."""
-        self.wait()
-        self._manager.close()
+        """Waits for the save in progress to be written, then releases Orbax's
+        threads and the directory's lock."""
+        try:
+            self.wait()
+            self._manager.close()
+        finally:
+            self._unlock()
+
+    def _unlock(self) -> None:
+        if self._lock is not None:
+            self._lock.close()  # closing the file releases the lock
+            self._lock = None

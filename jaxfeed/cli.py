@@ -35,6 +35,7 @@ from jaxfeed.cli_args import (
     subcommand,
 )
 from jaxfeed.cli_train import add_train, run_train
+from jaxfeed.interrupts import PREEMPTED_STATUS, Preempted
 
 _OWN_PACKAGES = ("jaxfeed", "loaders", "sharding")
 
@@ -223,6 +224,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt as err:
         # fit says where it stopped and which checkpoint it saved.
         detail = f": {one_line(str(err))}" if str(err) else ""
+        if isinstance(err, Preempted):
+            print(f"jaxfeed: preempted (SIGTERM){detail}", file=sys.stderr)
+            return PREEMPTED_STATUS
         print(f"jaxfeed: interrupted{detail}", file=sys.stderr)
         return 130
     except Exception as err:

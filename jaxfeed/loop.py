@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -24,6 +23,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from tqdm import tqdm  # not tqdm.auto: it warns in Jupyter without ipywidgets
 
 from jaxfeed.checkpoint import Checkpointer, Checkpointing
+from jaxfeed.interrupts import Interrupts, interrupt
 from jaxfeed.loaders.protocol import BatchSource, Resumable, SkipsDataState
 from jaxfeed.sharding import DeviceFeed
 from jaxfeed.steps import (
@@ -66,29 +66,6 @@ def run_settings(train: BatchSource, settings: Mapping[str, Any] | None) -> dict
     }
 
 
-class _Interrupts:
-    """While active (main thread only), Ctrl-C asks the loop to stop at the next
-    step instead of raising wherever Python happens to be; a second Ctrl-C
-    raises `KeyboardInterrupt` at once, for a loop stuck in a slow call."""
-
-    def __init__(self) -> None:
-        self.requested = False
-        self._previous: Any = None
-
-    def _handle(self, signum: int, frame: Any) -> None:
-        self.requested = True
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-
-    def __enter__(self) -> _Interrupts:
-        if threading.current_thread() is threading.main_thread():
-            self._previous = signal.signal(signal.SIGINT, self._handle)
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        if self._previous is not None:
-            signal.signal(signal.SIGINT, self._previous)
-
-
 def _copy(leaf: Any) -> Any:
     return leaf.copy() if isinstance(leaf, jax.Array | np.ndarray) else leaf
 
@@ -111,7 +88,8 @@ class _Loop:
         self.counted = 0.0  # real rows of this epoch trained before a resume
         self.history: list[dict] = []
         self.checkpointer: Checkpointer | None = None
-        self.interrupts = _Interrupts()
+        self.interrupts = Interrupts()
+        self.stop_signal: int | None = None  # what stopped the run, once decided
 
     def resume(self, state: Any, totals: Sums) -> tuple[Any, Sums]:
         """State and sums of the newest checkpoint, the position set to its own
@@ -133,21 +111,26 @@ class _Loop:
         return restored.state, restored.totals
 
     def should_stop(self, sync_point: bool) -> bool:
-        """Whether Ctrl-C asked to stop. Processes of a job must stop at the
-        same step, so they only decide together, at sync points (a due
-        checkpoint, an epoch's end)."""
+        """Whether Ctrl-C or SIGTERM asked to stop (sets `stop_signal`).
+        Processes of a job must stop at the same step, so they only decide
+        together, at sync points (a due checkpoint, an epoch's end): a signal
+        to one process stops them all."""
         if jax.process_count() == 1:
-            return self.interrupts.requested
+            self.stop_signal = self.interrupts.requested
+            return self.stop_signal is not None
         if not sync_point:
             return False
         from jax.experimental import multihost_utils
 
-        flags = multihost_utils.process_allgather(np.int32(self.interrupts.requested))
-        return bool(np.any(flags))
+        mine = np.int32(self.interrupts.requested or 0)
+        signals = [int(s) for s in np.ravel(multihost_utils.process_allgather(mine)) if s]
+        # SIGTERM wins: a preempted job exits as one.
+        self.stop_signal = max(signals, key=lambda s: s == signal.SIGTERM) if signals else None
+        return self.stop_signal is not None
 
     def stopping(self) -> bool:
-        """Ctrl-C was pressed and this (single) process will stop at the next check."""
-        return jax.process_count() == 1 and self.interrupts.requested
+        """A signal asked this (single) process to stop at the next check."""
+        return jax.process_count() == 1 and self.interrupts.requested is not None
 
     def save(self, state: Any, totals: Sums) -> None:
         if self.checkpointer is None:
@@ -166,12 +149,14 @@ class _Loop:
         )
 
     def stopped(self) -> KeyboardInterrupt:
+        """`Preempted` after SIGTERM (also a peer's), else KeyboardInterrupt."""
         where = f"epoch {self.epoch + 1}, batch {self.next_batch} (step {self.step})"
-        if self.checkpointer is None:
-            return KeyboardInterrupt(f"stopped at {where}; checkpointing is off")
-        return KeyboardInterrupt(
-            f"stopped at {where}; checkpoint of step {self.step} in {self.checkpointer.directory}"
+        saved = (
+            "checkpointing is off"
+            if self.checkpointer is None
+            else f"checkpoint of step {self.step} in {self.checkpointer.directory}"
         )
+        return interrupt(self.stop_signal, f"stopped at {where}; {saved}")
 
     def open(self, epoch: int, start: int) -> DeviceFeed:
         return DeviceFeed(
@@ -280,7 +265,8 @@ def fit(
     Raises:
       TypeError, ValueError: bad arguments or a step that breaks the contract
         (before any data moves); a checkpoint written with other settings.
-      KeyboardInterrupt: on Ctrl-C, once stopped at a step and checkpointed.
+      KeyboardInterrupt: on Ctrl-C, once stopped at a step and checkpointed;
+        `Preempted` (a KeyboardInterrupt) on SIGTERM.
     """
     if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 0:
         raise ValueError(f"epochs must be an integer >= 0, got {epochs!r}")

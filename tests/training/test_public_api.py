@@ -47,7 +47,15 @@ SHARDING = [
     "initialize",
     "place_batch",
 ]
-LIBRARY = ["Checkpointing", "FitResult", "batch_mask", "evaluate_metrics", "fit"]
+LIBRARY = [
+    "CheckpointError",
+    "Checkpointing",
+    "FitResult",
+    "Preempted",
+    "batch_mask",
+    "evaluate_metrics",
+    "fit",
+]
 
 
 def test_public_names():

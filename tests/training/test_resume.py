@@ -196,21 +196,31 @@ def test_kill_during_a_save_resumes_from_the_last_complete_checkpoint(tmp_path, 
     _assert_bit_identical(params, reference("--devices", "1"), f"save of step {blocked} killed")
 
 
-def test_ctrl_c_saves_a_checkpoint_exits_130_and_resumes(tmp_path, reference):
+@pytest.mark.parametrize(
+    ("signum", "status", "said"),
+    [(signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, r"preempted \(SIGTERM\)")],
+    ids=["ctrl-c", "sigterm"],
+)
+def test_a_signal_saves_a_checkpoint_of_its_step_exits_and_resumes(
+    tmp_path, reference, signum, status, said
+):
     directory, log = tmp_path / "checkpoints", tmp_path / "run.log"
     args = [*RUN, "--devices", "1", "--checkpoint-dir", str(directory), "--checkpoint-every", "5"]
     child = _start(_train(*args), log)
     try:
         _stop_at_checkpoint([child], directory, random.choice([5, 10, 20]))
-        child.send_signal(signal.SIGINT)
+        child.send_signal(signum)
+        signalled = time.monotonic()
         child.send_signal(signal.SIGCONT)
         child.wait(timeout=HARD_TIMEOUT)  # no thread may keep it alive
+        seconds = time.monotonic() - signalled
     finally:
         _end([child])
     output = _log(log)
-    assert child.returncode == 130, output
+    assert child.returncode == status, output
+    assert seconds < 10, f"took {seconds:.1f} s to stop"
     stopped = re.search(
-        r"^jaxfeed: interrupted: stopped at epoch \d, batch \d+ \(step (\d+)\); checkpoint of "
+        rf"^jaxfeed: {said}: stopped at epoch \d, batch \d+ \(step (\d+)\); checkpoint of "
         rf"step \1 in {re.escape(str(directory))}$",
         output,
         re.MULTILINE,
@@ -244,6 +254,46 @@ def _finish(children: list[subprocess.Popen], logs: list[Path]) -> list[str]:
     for child, log in zip(children, logs, strict=True):
         assert child.returncode == 0, _log(log)
     return [log.read_text() for log in logs]
+
+
+def _flip_bytes(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    middle = len(data) // 2
+    data[middle : middle + 64] = bytes(b ^ 0xFF for b in data[middle : middle + 64])
+    path.write_bytes(bytes(data))
+
+
+def _truncate(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+@pytest.mark.parametrize("damage", [_flip_bytes, _truncate], ids=["flipped", "truncated"])
+def test_a_damaged_newest_checkpoint_falls_back_and_ends_bit_identical(tmp_path, reference, damage):
+    directory = tmp_path / "checkpoints"
+    first = _start(
+        _train(
+            "--epochs", "1", *RUN[2:], "--checkpoint-dir", str(directory), "--checkpoint-every", "6"
+        ),
+        tmp_path / "first.log",
+    )
+    _finish([first], [tmp_path / "first.log"])
+    assert _steps(directory) == [6, 12, 16]
+    for file in (directory / "16" / "state").rglob("*"):
+        if file.is_file() and file.parent.name == "d":  # the OCDBT files holding the values
+            damage(file)
+    params = tmp_path / "resumed.npz"
+    log = tmp_path / "resumed.log"
+    resumed = _start(
+        _train(*RUN, "--checkpoint-dir", str(directory), "--resume", "--save-params", str(params)),
+        log,
+    )
+    (output,) = _finish([resumed], [log])
+    assert re.search(
+        r"jaxfeed: warning: step 16: .*/16/state (is unreadable|does not match).*; resuming "
+        r"from step 12 instead",
+        output,
+    ), output
+    _assert_bit_identical(_params(params), reference(), f"resumed from step 12 ({damage.__name__})")
 
 
 @pytest.mark.slow
