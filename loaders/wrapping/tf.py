@@ -56,10 +56,25 @@ def wrap_dataset(dataset: Any, settings: WrapSettings, **_: Any) -> Epochs:
         _check_shardable(dataset)
     dims = {_leading_dim(spec) for spec in _leaves(dataset.element_spec)}
     rows = None
-    if dims == {None}:  # .batch(n): the last batch may be short
-        native, full = None, False
-    elif len(dims) == 1 and 0 not in dims and batch_size in (None, *dims):
-        (native,), full = dims, True  # .batch(n, drop_remainder=True)
+    batched = _yields_batches(dataset)
+    if batched:
+        if len(dims) == 1 and None not in dims and 0 not in dims:
+            (native,), full = dims, True  # .batch(n, drop_remainder=True)
+            if batch_size not in (None, native):
+                raise ValueError(
+                    f"the tf.data.Dataset yields batches of {native} but batch_size="
+                    f"{batch_size}; omit batch_size, or build it with .batch({batch_size})"
+                )
+        else:  # .batch(n): the last batch may be short
+            native, full = None, False
+    elif batched is None:
+        raise ValueError(
+            "wrap cannot tell whether this tf.data.Dataset yields rows or batches: its "
+            "pipeline has no .batch() and does not start from from_tensor_slices, range or "
+            "files (a from_generator, from_tensors or interleave may yield either). If its "
+            "elements are rows, end it with .batch(N); if they are batches, end it with "
+            ".unbatch() and pass batch_size=N"
+        )
     elif batch_size is not None:
         rows = int(dataset.cardinality())
         if count > 1:
@@ -68,8 +83,8 @@ def wrap_dataset(dataset: Any, settings: WrapSettings, **_: Any) -> Epochs:
         native, full = batch_size, drop_remainder
     else:
         raise ValueError(
-            f"this tf.data.Dataset yields single examples (leading dims {sorted(dims)}); "
-            f"pass batch_size= to batch it, or call .batch() on it first"
+            "this tf.data.Dataset yields single examples (rows); pass batch_size= to batch them, or "
+            "call .batch() on it first"
         )
     cardinality = int(dataset.cardinality())  # -1 infinite, -2 unknown
     num = cardinality if cardinality >= 0 and (full or not drop_remainder) else None
@@ -89,6 +104,50 @@ def wrap_dataset(dataset: Any, settings: WrapSettings, **_: Any) -> Epochs:
         batch_size=native,
         num_rows=rows,
     )
+
+
+# Ops whose elements are batches of their input's; and sources whose elements are rows.
+_BATCHING = {
+    "_BatchDataset",
+    "_PaddedBatchDataset",
+    "_ParallelBatchDataset",
+    "_DenseToRaggedDataset",
+    "_RebatchDataset",
+    "_GroupByWindowDataset",  # bucket_by_sequence_length
+    "BatchDataset",
+    "PaddedBatchDataset",
+}
+_ROW_SOURCES = {
+    "_TensorSliceDataset",
+    "_RangeDataset",
+    "TFRecordDatasetV2",
+    "TextLineDatasetV2",
+    "FixedLengthRecordDatasetV2",
+    "_UnbatchDataset",
+}
+
+
+def _yields_batches(dataset: Any) -> bool | None:
+    """Whether the pipeline's elements are batches (a batching op is the last
+    one that changes what an element is), rows (it starts from a source of
+    rows or ends in ``.unbatch()``), or None when wrap cannot tell.
+
+    TF 2.21 has no public way to walk a pipeline: the private ``_inputs()``
+    is read here (and in `_shuffle_state_lost`)."""
+    node = dataset
+    while True:
+        name = type(node).__name__
+        if name in _BATCHING:
+            return True
+        if name in _ROW_SOURCES:
+            return False
+        inputs = node._inputs() if hasattr(node, "_inputs") else []
+        if len(inputs) == 1 and name not in {"_FlatMapDataset", "_InterleaveDataset",
+                                             "_ParallelInterleaveDataset"}:  # fmt: skip
+            node = inputs[0]
+            continue
+        answers = {_yields_batches(child) for child in inputs}  # zip, concatenate, ...
+        return answers.pop() if len(answers) == 1 else None
 
 
 def _shard_batches(rows: int | None, batches: int, settings: WrapSettings, full: bool) -> int:

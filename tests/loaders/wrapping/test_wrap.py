@@ -360,3 +360,39 @@ def test_wrapped_torch_loader_trains_end_to_end():
         source, None, jaxfeed.mnist.TrainConfig(epochs=1), progress=False
     )
     assert np.isfinite(history[0]["loss"]) and history[0]["train_accuracy"] > 0.5
+
+
+def test_tf_rows_as_wide_as_the_batch_are_batched_not_taken_for_batches():
+    import tensorflow as tf
+
+    rows = tf.data.Dataset.from_tensor_slices(np.arange(12).reshape(6, 2))  # rows of width 2
+    batches = list(loaders.wrap(rows, batch_size=2).iter_epoch(0))
+    assert [b["image"].tolist() for b in batches] == [
+        [[0, 1], [2, 3]],
+        [[4, 5], [6, 7]],
+        [[8, 9], [10, 11]],
+    ]
+    # The same rows batched in the pipeline: its batches, as they are.
+    (native,) = [list(loaders.wrap(rows.batch(6)).iter_epoch(0))]
+    assert len(native) == 1 and native[0]["image"].shape == (6, 2)
+
+
+@pytest.mark.parametrize("batch_size", [None, 4])
+def test_a_tf_pipeline_that_may_yield_rows_or_batches_is_asked_about(batch_size):
+    import tensorflow as tf
+
+    def sequences():  # rows of varying length, or batches? wrap cannot see
+        for n in (3, 5, 2):
+            yield np.arange(n, dtype=np.int32)
+
+    spec = tf.TensorSpec([None], tf.int32)
+    data = tf.data.Dataset.from_generator(sequences, output_signature=spec)
+    with pytest.raises(ValueError, match=r"cannot tell whether .* rows or batches.*\.unbatch\(\)"):
+        loaders.wrap(data, batch_size=batch_size)
+    # Said to be batches of rows: each of its elements holds rows, batched by wrap.
+    told = loaders.wrap(data.unbatch().map(lambda x: {"x": x}), batch_size=4)
+    assert [b["x"].tolist() for b in told.iter_epoch(0)] == [
+        [0, 1, 2, 0],
+        [1, 2, 3, 4],
+        [0, 1, 0, 0],
+    ]
