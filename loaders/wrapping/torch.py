@@ -222,6 +222,11 @@ class TorchCursor(IterCursor):
         self._state = None if state is None else state["loader"]
         if self._state is not None:
             self._loader.load_state_dict(self._state)
+        elif self.per_batch:
+            # The pass's start is a state too: a dataset that is its own iterator,
+            # read ahead since, is set back by it on resume (torchdata's iterator,
+            # made here, is the one the pass then reads).
+            self._state = self._loader.state_dict()
         # `iterate` turns a dead worker into an error on any thread, not a hang.
         self._batches = iterate(_WithStates(self._loader) if self.per_batch else self._loader)
 

@@ -357,3 +357,37 @@ def test_fit_killed_mid_epoch_resumes_bit_identical(tmp_path):
     assert sorted(resumed.files) == sorted(straight.files) == ["hf|b", "hf|w", "tf|b", "tf|w"]
     for name in straight.files:
         assert straight[name].tobytes() == resumed[name].tobytes(), name
+
+
+def test_a_torch_dataset_that_is_its_own_iterator_resumes_at_batch_0():
+    # torchdata's Iterable2 case: __iter__ returns self, so wrap()'s first read
+    # advances the very iterator a resume at batch 0 must start from.
+    import torch
+
+    class OwnIterator(torch.utils.data.IterableDataset):
+        def __init__(self):
+            self.i = 0
+
+        def __iter__(self):
+            return self
+
+        def __next__(self):
+            if self.i >= 60:
+                raise StopIteration
+            self.i += 1
+            return torch.tensor([self.i - 1])
+
+        def state_dict(self):
+            return {"i": self.i}
+
+        def load_state_dict(self, state):
+            self.i = state["i"]
+
+    def wrapped():
+        return loaders.wrap(torch.utils.data.DataLoader(OwnIterator(), batch_size=4))
+
+    state = json.loads(json.dumps(wrapped().data_state(0, 0)))  # as a checkpoint stores it
+    resumed = wrapped()  # a fresh process: wrap() reads batch 0 again
+    resumed.restore_data_state(state)
+    got = [b["image"][:, 0].tolist() for b in resumed.iter_epoch(0, start=0)]
+    assert got == [list(range(i, i + 4)) for i in range(0, 60, 4)]  # all 15, batch 0 first
