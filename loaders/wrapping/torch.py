@@ -26,6 +26,7 @@ import pickle
 import sys
 import types
 import warnings
+import zlib
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -50,7 +51,7 @@ def wrap_loader(loader: Any, settings: WrapSettings, **_: Any) -> Epochs:
     """A ``DataLoader``: in the shared sampler's order when it shuffles (or
     not) with torch's own samplers, else in its own order."""
     context = worker_context(loader)
-    access = _loader_access(loader, context)
+    access = _loader_access(loader, context, settings.seed)
     if isinstance(access, RandomAccess):
         return sampled_epochs("torch DataLoader", access, settings)
     return _loader_stream(loader, settings, access, context)
@@ -58,22 +59,24 @@ def wrap_loader(loader: Any, settings: WrapSettings, **_: Any) -> Epochs:
 
 def wrap_dataset(dataset: Any, settings: WrapSettings, collate_fn: Any = None) -> Epochs:
     """A map-style ``Dataset``, in the shared sampler's order."""
-    return sampled_epochs("torch Dataset", _dataset_access(dataset, collate_fn), settings)
+    access = _dataset_access(dataset, collate_fn, settings.seed)
+    return sampled_epochs("torch Dataset", access, settings)
 
 
 # --- random access: read in the shared sampler's order --------------------------------
 
 
-def _dataset_access(dataset: Any, collate_fn: Callable | None) -> RandomAccess:
+def _dataset_access(dataset: Any, collate_fn: Callable | None, seed: int) -> RandomAccess:
     """A map-style torch ``Dataset``: read by a ``DataLoader`` in this
     process, collated by ``collate_fn`` (default: torch's ``default_collate``)."""
     from torch.utils.data import default_collate
 
     kwargs = {"collate_fn": collate_fn or default_collate}
-    return RandomAccess(_length(dataset, "torch Dataset"), False, _torch_reader(dataset, kwargs))
+    read = _torch_reader(dataset, kwargs, seed)
+    return RandomAccess(_length(dataset, "torch Dataset"), False, read)
 
 
-def _loader_access(loader: Any, context: Any) -> RandomAccess | str:
+def _loader_access(loader: Any, context: Any, seed: int) -> RandomAccess | str:
     """A ``DataLoader`` over a map-style dataset with torch's own
     ``RandomSampler`` or ``SequentialSampler``: the same loader (dataset,
     collate_fn, workers, ...) fed the plan as its ``batch_sampler``, its
@@ -103,7 +106,7 @@ def _loader_access(loader: Any, context: Any) -> RandomAccess | str:
     return RandomAccess(
         _length(loader.dataset, "DataLoader's dataset"),
         shuffled,
-        _torch_reader(loader.dataset, kwargs),
+        _torch_reader(loader.dataset, kwargs, seed),
         batch_size=loader.batch_size,
         drop_remainder=loader.drop_last,
     )
@@ -156,13 +159,67 @@ def rebuilt_loader(loader: Any, context: Any, cls: type | None = None) -> Any:
     return cls(dataset, batch_size=None, sampler=loader.sampler, **kwargs)
 
 
-def _torch_reader(dataset: Any, kwargs: dict[str, Any]) -> Callable[..., Iterator[Any]]:
-    """Reads plans through DataLoaders built like the user's (`EpochLoaders`)."""
+def _torch_reader(dataset: Any, kwargs: dict[str, Any], seed: int) -> Callable[..., Iterator[Any]]:
+    """Reads plans through DataLoaders built like the user's (`EpochLoaders`),
+    each batch's ``__getitem__`` and collate calls drawing from torch's RNG
+    seeded by the batch (see `_SeededBatches`)."""
     from jaxfeed.loaders.backends.torch import EpochLoaders
 
-    read = EpochLoaders(dataset, **kwargs)
+    user_collate = kwargs.pop("collate_fn", None)
+    if user_collate is None:
+        from torch.utils.data import default_collate as user_collate
+    seeded = _SeededBatches(dataset, user_collate, seed)
+    read = EpochLoaders(seeded, **kwargs, collate_fn=_collated)
     # Python ints, as torch's own samplers give.
-    return lambda epoch, plan: read([indices.tolist() for indices in plan])
+    return lambda epoch, plan: read([_Rows(indices.tolist(), epoch) for indices in plan])
+
+
+class _Rows(list):
+    """One batch's row indices, and its epoch: the batch sampler's item."""
+
+    def __init__(self, rows: list[int], epoch: int):
+        super().__init__(rows)
+        self.epoch = epoch
+
+
+class _SeededBatches:
+    """The user's map-style dataset and collate function, a batch at a time,
+    in torch's RNG seeded by ``(seed, epoch, the batch's rows)`` and restored
+    after (``torch.random.fork_rng``): a ``__getitem__`` or collate that draws
+    random numbers (an augmentation) draws the same for the same batch in any
+    process, worker or resume, and a new draw every epoch. numpy's and
+    Python's own generators are not seeded here."""
+
+    def __init__(self, dataset: Any, collate: Callable, seed: int):
+        self.dataset, self.collate, self.seed = dataset, collate, seed
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: int) -> Any:
+        return self.dataset[index]
+
+    def __getitems__(self, rows: _Rows) -> _Collated:
+        import torch
+
+        rows_bytes = np.asarray(rows, np.int64).tobytes()
+        key = np.random.SeedSequence([self.seed, rows.epoch, zlib.crc32(rows_bytes)])
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(int(key.generate_state(1, np.uint64)[0] >> 1))
+            getitems = getattr(self.dataset, "__getitems__", None)
+            records = getitems(list(rows)) if getitems else [self.dataset[i] for i in rows]
+            return _Collated(self.collate(records))
+
+
+class _Collated:
+    """A batch already collated by `_SeededBatches` (DataLoader's collate unwraps it)."""
+
+    def __init__(self, batch: Any):
+        self.batch = batch
+
+
+def _collated(done: _Collated) -> Any:
+    return done.batch
 
 
 # --- streams: the loader's own order, resumed with torchdata's state ----------------------

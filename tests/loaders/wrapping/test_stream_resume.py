@@ -391,3 +391,36 @@ def test_a_torch_dataset_that_is_its_own_iterator_resumes_at_batch_0():
     resumed.restore_data_state(state)
     got = [b["image"][:, 0].tolist() for b in resumed.iter_epoch(0, start=0)]
     assert got == [list(range(i, i + 4)) for i in range(0, 60, 4)]  # all 15, batch 0 first
+
+
+class _RandomRows:
+    """A map-style dataset whose rows draw from torch's global RNG (an augmentation)."""
+
+    def __len__(self):
+        return 22
+
+    def __getitem__(self, i):
+        import torch
+
+        return {"x": torch.tensor([i, int(torch.randint(0, 1000, ()))])}
+
+
+def test_a_torch_dataset_drawing_random_numbers_resumes_with_the_same_draws():
+    # torchdata's map-style test_state_dict case: the position alone used to
+    # resume into other draws, silently.
+    import torch
+
+    def wrapped():
+        loader = torch.utils.data.DataLoader(_RandomRows(), batch_size=4, shuffle=True)
+        return loaders.wrap(loader, seed=5)
+
+    torch.manual_seed(0)
+    first = wrapped()
+    want = [b["x"].tolist() for b in first.iter_epoch(1)]
+    state = json.loads(json.dumps(first.data_state(1, 2)))
+    assert [b["x"].tolist() for b in wrapped().iter_epoch(1)] == want  # the draws are the batch's
+    torch.manual_seed(1)  # a fresh process, another global seed
+    resumed = wrapped()
+    resumed.restore_data_state(state)
+    assert [b["x"].tolist() for b in resumed.iter_epoch(1, start=2)] == want[2:]
+    assert [b["x"].tolist() for b in resumed.iter_epoch(2)] != want  # a new draw each epoch
