@@ -37,7 +37,8 @@ class RandomAccess:
       num_rows: rows of one epoch.
       shuffled: what ``shuffle=None`` means for this object.
       read: ``(epoch, index_batches) -> iterator`` of raw batches, one per
-        index batch (each ``batch_size`` long), read through the framework.
+        index batch (``batch_size`` long but the epoch's last, which holds its
+        valid rows only), read through the framework.
       batch_size: the object's own batch size, if it has one.
       drop_remainder: the object drops a short last batch itself.
     """
@@ -82,7 +83,11 @@ def sampled_epochs(kind: str, access: RandomAccess, settings: WrapSettings) -> E
         raise ValueError(f"the wrapped {kind}: {error}") from None
 
     def batches(epoch: int, start: int) -> Iterator[Any]:
-        return access.read(epoch, [indices for indices, _ in sampler.epoch_plan(epoch, start)])
+        # Only a batch's own rows are read (a short last batch is padded after
+        # collation, by WrappedSource): a loader never sees another batch's row.
+        # A process with no row of the last global batch reads one, all masked.
+        plan = sampler.epoch_plan(epoch, start)
+        return access.read(epoch, [indices[: max(valid, 1)] for indices, valid in plan])
 
     return Epochs(batches, sampler.num_batches, batch_size, access.num_rows, sampler)
 

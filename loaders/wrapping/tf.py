@@ -83,8 +83,8 @@ def wrap_dataset(dataset: Any, settings: WrapSettings, **_: Any) -> Epochs:
         native, full = batch_size, drop_remainder
     else:
         raise ValueError(
-            "this tf.data.Dataset yields single examples (rows); pass batch_size= to batch them, or "
-            "call .batch() on it first"
+            "this tf.data.Dataset yields single examples (rows); pass batch_size= to batch "
+            "them, or call .batch() on it first"
         )
     cardinality = int(dataset.cardinality())  # -1 infinite, -2 unknown
     num = cardinality if cardinality >= 0 and (full or not drop_remainder) else None

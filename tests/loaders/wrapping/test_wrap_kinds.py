@@ -49,8 +49,10 @@ def reference(arrays, epoch, start=0, *, shuffle=True, drop=False, seed=SEED, in
 
 
 def plan_rows(epoch, start, shuffle=True):
+    """The rows of the epoch's batches from ``start`` on: each once, no padding row."""
     sampler = Sampler(N, B, SEED, shuffle)
-    return sorted(np.concatenate([i for i, _ in sampler.epoch_plan(epoch, start)]).tolist())
+    plan = sampler.epoch_plan(epoch, start)
+    return sorted(np.concatenate([i[:valid] for i, valid in plan]).tolist())
 
 
 def labels(source, epoch, **kwargs):
@@ -290,8 +292,9 @@ def test_the_users_collate_fn_still_runs(arrays):
     ):
         batches = list(loaders.wrap(obj, **options).iter_epoch(0))
         assert set(batches[0]) == {"x", "label", "meta", "rows", "mask"}
-        # Every batch is read whole (the padded one repeats a row), then masked.
-        assert batches[-1]["rows"].tolist() == [B] * 4 + [0] * (B - 4)
+        # The short last batch is collated from its own 4 rows, then padded and masked.
+        assert batches[-2]["rows"].tolist() == [B] * B
+        assert batches[-1]["rows"].tolist() == [4] * 4 + [0] * (B - 4)
 
 
 def test_grain_random_map_draws_anew_each_epoch_and_the_same_on_a_rerun(arrays):
@@ -451,3 +454,41 @@ def test_grain_loader_workers_make_the_batches_in_order(arrays):
     # One epoch: each starts its workers (spawned, a few seconds).
     source = loaders.wrap(loader, seed=SEED)
     assert_same_batches(list(source.iter_epoch(0)), reference(arrays, 0))
+
+
+def test_pad_to_pads_a_short_last_batch_of_variable_rows_after_collation():
+    # Keras's test_with_different_shapes: rows of width 4, 5 and 6, padded to 6.
+    import datasets
+    import torch
+    from torch.utils.data import DataLoader
+
+    widths = [4, 4, 5, 5, 6]
+    rows = [np.arange(w, dtype=np.int32) + 10 * i for i, w in enumerate(widths)]
+    seen = []
+
+    class Ragged(torch.utils.data.Dataset):
+        def __len__(self):
+            return len(rows)
+
+        def __getitem__(self, i):
+            seen.append(i)
+            return rows[i]
+
+    def collate(batch):  # pads within the batch, as a user's collate would
+        return torch.nn.utils.rnn.pad_sequence([torch.from_numpy(r) for r in batch], True)
+
+    want = np.zeros((6, 6), np.int32)  # batches of 2: the last holds row 4 alone
+    for i, r in enumerate(rows):
+        want[i, : len(r)] = r
+    torch_source = loaders.wrap(
+        DataLoader(Ragged(), batch_size=2, collate_fn=collate), pad_to={"image": 6}
+    )
+    hf_source = loaders.wrap(
+        datasets.Dataset.from_dict({"image": rows}), batch_size=2, pad_to={"image": 6}
+    )
+    for source in (torch_source, hf_source):
+        batches = list(source.iter_epoch(0))
+        assert np.array_equal(np.concatenate([b["image"] for b in batches]), want)
+        assert [b["mask"].tolist() for b in batches][-1] == [True, False]
+        if source is torch_source:
+            assert seen == [0, 1, 2, 3, 4]  # (batch 0 read by wrap()); no row twice
