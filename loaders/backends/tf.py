@@ -109,7 +109,7 @@ class TfSource(SampledSource):
         builder = import_tfds().builder_from_directory(self.builder_dir)
         split = builder.as_dataset(split=split_name(dataset), batch_size=-1)
         if split.keys() != dataset.arrays.keys() or not all(
-            np.array_equal(split[key].numpy(), array) for key, array in dataset.arrays.items()
+            _same_values(split[key].numpy(), array) for key, array in dataset.arrays.items()
         ):
             entry = self.builder_dir.parents[1]
             raise RuntimeError(
@@ -158,3 +158,8 @@ def build(dataset: ArrayDataset, sampler: Sampler, **options: Any) -> TfSource:
     """The backend's `BatchSource`; ``loaders.make`` has checked ``options``
     against `OPTIONS`."""
     return TfSource(dataset, sampler, **options)
+
+
+def _same_values(cached: np.ndarray, array: np.ndarray) -> bool:
+    """Equal, NaN where NaN (a float field's NaN is data, not a difference)."""
+    return np.array_equal(cached, array, equal_nan=array.dtype.kind in "fc")

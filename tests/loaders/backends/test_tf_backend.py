@@ -113,3 +113,13 @@ def test_options_are_checked():
         loaders.make("tf", dataset="mnist-sample", num_workers=2)
     with pytest.raises(ValueError, match="order must be one of"):
         loaders.make("tf", dataset="mnist-sample", order="random")
+
+
+def test_a_nan_in_a_float_field_is_data_not_a_stale_cache():
+    # NaN != NaN: the cache check once took every dataset holding one for another's.
+    x = np.arange(40, dtype=np.float32).reshape(20, 2)
+    x[3, 1] = np.nan
+    data = {"x": x, "label": np.arange(20, dtype=np.int32)}
+    source = loaders.make("tf", dataset=data, batch_size=8, shuffle=False)
+    got = np.concatenate([b["x"][b["mask"]] for b in source.iter_epoch(0)])
+    np.testing.assert_array_equal(got, x)  # (NaN where NaN was)
