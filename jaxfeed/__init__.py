@@ -56,7 +56,7 @@ _EXPORTS = {
     ),
     "jaxfeed.checkpoint": ("CheckpointError", "Checkpointing"),
     "jaxfeed.interrupts": ("Preempted",),
-    "jaxfeed.loop": ("FitResult", "batch_mask", "evaluate_metrics", "fit"),
+    "jaxfeed.loop": ("FitResult", "NonFiniteMetric", "batch_mask", "evaluate_metrics", "fit"),
 }
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
 _SUBPACKAGES = ("loaders", "sharding", "mnist")
@@ -84,7 +84,7 @@ if TYPE_CHECKING:
         make,
         wrap,
     )
-    from jaxfeed.loop import FitResult, batch_mask, evaluate_metrics, fit
+    from jaxfeed.loop import FitResult, NonFiniteMetric, batch_mask, evaluate_metrics, fit
     from jaxfeed.sharding import (
         DATA_AXIS,
         DeviceFeed,

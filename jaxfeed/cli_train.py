@@ -117,6 +117,13 @@ def add_train(commands: argparse._SubParsersAction) -> None:
         "stood (starts fresh if there is none)",
     )
     train.add_argument(
+        "--nan-policy",
+        choices=("stop", "continue"),
+        default="stop",
+        help="stop (exit 2, naming the step and metric, saving nothing from it) when a "
+        "metric becomes NaN or infinite, or continue training (default: stop)",
+    )
+    train.add_argument(
         "--save-params",
         type=Path,
         default=None,
@@ -315,6 +322,7 @@ def run_train(args: argparse.Namespace) -> int:
             checkpoint=checkpoint,
             resume=args.resume,
             settings=settings,
+            nan_policy=args.nan_policy,
         )
     except Exception as err:
         message = _lost_peer(err) if processes > 1 else None

@@ -66,6 +66,18 @@ def run_settings(train: BatchSource, settings: Mapping[str, Any] | None) -> dict
     }
 
 
+class NonFiniteMetric(ValueError):
+    """A step's metric sum became NaN or infinite (`fit`'s ``nan_policy="stop"``)."""
+
+
+def _check_writable(path: Path) -> None:
+    """Refuses, before any training, a history file that could not be written."""
+    folder = path.parent if path.parent != Path() else Path.cwd()
+    existing = next((p for p in (folder, *folder.parents) if p.exists()), folder)
+    if path.is_dir() or not existing.is_dir() or not os.access(existing, os.W_OK):
+        raise ValueError(f"history_path {path} cannot be written; pick a writable file path")
+
+
 def _copy(leaf: Any) -> Any:
     return leaf.copy() if isinstance(leaf, jax.Array | np.ndarray) else leaf
 
@@ -90,6 +102,8 @@ class _Loop:
         self.checkpointer: Checkpointer | None = None
         self.interrupts = Interrupts()
         self.stop_signal: int | None = None  # what stopped the run, once decided
+        self.stop_on_nan = True
+        self.checked_step = 0  # the last step whose sums were found finite
 
     def resume(self, state: Any, totals: Sums) -> tuple[Any, Sums]:
         """State and sums of the newest checkpoint, the position set to its own
@@ -132,9 +146,26 @@ class _Loop:
         """A signal asked this (single) process to stop at the next check."""
         return jax.process_count() == 1 and self.interrupts.requested is not None
 
+    def check_finite(self, totals: Sums) -> None:
+        """Raises `NonFiniteMetric` if a metric sum is NaN or infinite (nan_policy "stop")."""
+        if not self.stop_on_nan:
+            return
+        sums = to_host(totals)
+        bad = sorted(name for name, value in sums.items() if not np.all(np.isfinite(value)))
+        if bad:
+            since = f"after step {self.checked_step}" if self.checked_step else "from the start"
+            raise NonFiniteMetric(
+                f"the step's {bad[0]} sum is {float(np.ravel(sums[bad[0]])[0])} at step "
+                f"{self.step} (epoch {self.epoch + 1}, batch {self.next_batch}); it became so "
+                f"{since}, and nothing was saved from it. Lower the learning rate or check "
+                f"the data, or pass nan_policy='continue' (--nan-policy continue) to train on"
+            )
+        self.checked_step = self.step
+
     def save(self, state: Any, totals: Sums) -> None:
         if self.checkpointer is None:
             return
+        self.check_finite(totals)
         data_state = None
         if isinstance(self.train, Resumable):
             data_state = self.train.data_state(self.epoch, self.next_batch)
@@ -208,6 +239,7 @@ class _Loop:
                 bar.update(n)
 
     def record(self, totals: Sums, seconds: float, wait: float) -> dict:
+        self.check_finite(totals)
         sums = to_host(totals)
         return {
             "epoch": self.epoch + 1,
@@ -235,6 +267,7 @@ def fit(
     callbacks: Sequence[Callable[[dict], object]] = (),
     progress: bool | None = None,
     history_path: str | os.PathLike | None = None,
+    nan_policy: str = "stop",
 ) -> FitResult:
     """Trains ``state`` with ``step`` for ``epochs`` epochs of ``train`` (docs/fit.md).
 
@@ -257,7 +290,11 @@ def fit(
       settings: JSON values a resumed run must share with the checkpoint's.
       callbacks: called with each epoch's record.
       progress: a tqdm bar (default: only on a terminal).
-      history_path: the records as JSON, rewritten every epoch (process 0).
+      history_path: the records as JSON, rewritten every epoch (process 0);
+        its directory must be writable before training starts.
+      nan_policy: ``"stop"``: a metric sum that is not finite stops the run
+        with `NonFiniteMetric` at the next checkpoint or epoch end, before
+        anything is saved from it; ``"continue"`` trains on.
 
     Returns:
       `FitResult` ``(state, history)``.
@@ -265,6 +302,7 @@ def fit(
     Raises:
       TypeError, ValueError: bad arguments or a step that breaks the contract
         (before any data moves); a checkpoint written with other settings.
+      NonFiniteMetric: see ``nan_policy``.
       KeyboardInterrupt: on Ctrl-C, once stopped at a step and checkpointed;
         `Preempted` (a KeyboardInterrupt) on SIGTERM.
     """
@@ -272,6 +310,10 @@ def fit(
         raise ValueError(f"epochs must be an integer >= 0, got {epochs!r}")
     if (eval is None) != (eval_step is None):
         raise ValueError("pass eval and eval_step together (eval_step computes eval's sums)")
+    if nan_policy not in ("stop", "continue"):
+        raise ValueError(f"nan_policy must be 'stop' or 'continue', got {nan_policy!r}")
+    if history_path is not None:
+        _check_writable(Path(history_path))
     if resume and checkpoint is None:
         raise ValueError("resume=True needs checkpoint=DIRECTORY to resume from")
     if checkpoint is not None and not isinstance(checkpoint, Checkpointing):
@@ -288,6 +330,7 @@ def fit(
     if checkpoint is None and isinstance(train, SkipsDataState):
         train = train.without_data_state()  # its state costs time, and nothing will ask
     loop = _Loop(train, sharding, steps_per_transfer, progress)
+    loop.stop_on_nan = nan_policy == "stop"
     totals, feed = zeros, None
     try:
         if checkpoint is not None:

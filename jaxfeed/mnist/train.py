@@ -108,6 +108,7 @@ def train(
     checkpoint: Checkpointing | str | None = None,
     resume: bool = False,
     settings: Mapping[str, Any] | None = None,
+    nan_policy: str = "stop",
 ) -> tuple[Params, list[dict]]:
     """Trains the MLP with `jaxfeed.fit`; returns the final parameters and per-epoch metrics.
 
@@ -118,7 +119,7 @@ def train(
       sharding: batch sharding or mesh (default: all devices).
       on_epoch: called with each epoch's metrics as soon as they exist.
       progress: show a tqdm bar (default: only on a terminal).
-      checkpoint, resume, settings: as for `jaxfeed.fit`; the seed and
+      checkpoint, resume, settings, nan_policy: as for `jaxfeed.fit`; the seed and
         learning settings of ``config`` need not match to resume.
 
     Each epoch's metrics: ``epoch``, ``step``, ``loss``, ``train_accuracy``
@@ -141,5 +142,6 @@ def train(
         settings=settings,
         callbacks=callbacks,
         progress=progress,
+        nan_policy=nan_policy,
     )
     return result.state["params"], [_record(m) for m in result.history]

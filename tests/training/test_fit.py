@@ -13,7 +13,15 @@ import torch
 from jaxfeed.sharding import data_mesh
 from torch.utils.data import DataLoader, TensorDataset
 
-from jaxfeed import FitResult, batch_mask, evaluate_metrics, fit, loaders
+from jaxfeed import (
+    Checkpointing,
+    FitResult,
+    NonFiniteMetric,
+    batch_mask,
+    evaluate_metrics,
+    fit,
+    loaders,
+)
 
 CLASSES = 10
 
@@ -228,3 +236,45 @@ def test_the_callers_state_stays_usable_after_fit_donates_its_copy(devices):
         assert not given["w"].is_deleted()
         assert given["w"].tolist() == [0.0, 1.0, 2.0]
         assert result.state["w"].tolist() == [2.0, 3.0, 4.0]
+
+
+def _diverging(state, batch):
+    # The weight doubles each step: past float32's range by step 130, then inf - inf = nan.
+    w = state["w"] * 2.0
+    mask = batch_mask(batch)
+    return {"w": w}, {"loss": jnp.sum((w - w * 0.5 - w * 0.5 + w) * mask), "count": jnp.sum(mask)}
+
+
+def test_a_metric_that_becomes_nan_stops_the_run_before_anything_is_saved(tmp_path):
+    batches = [{k: v for k, v in b.items() if k != "mask"} for b in _batches().iter_epoch(0)]
+    source = loaders.wrap(batches * 40)  # 80 batches an epoch
+    run = dict(epochs=5, mesh=data_mesh(jax.devices()[:1]), progress=False)
+    checkpoint = tmp_path / "checkpoints"
+    with pytest.raises(
+        NonFiniteMetric,
+        match=r"loss sum is nan at step 130 \(epoch 2, batch 50\); it became so after step 120",
+    ):
+        fit(
+            _diverging,
+            {"w": jnp.ones(())},
+            source,
+            checkpoint=Checkpointing(checkpoint, every=10),
+            **run,
+        )
+    from jaxfeed.checkpoint import latest
+
+    assert latest(checkpoint)["step"] == 120  # the last save before it, none after
+    result = fit(_diverging, {"w": jnp.ones(())}, source, nan_policy="continue", **run)
+    assert len(result.history) == 5 and not math.isfinite(result.history[-1]["loss"])
+
+
+def test_an_unwritable_history_path_is_refused_before_training(tmp_path):
+    (tmp_path / "file").write_text("")  # a file where its folder should be
+    with pytest.raises(ValueError, match=r"history_path .*file/h\.json cannot be written"):
+        fit(
+            _diverging,
+            {"w": jnp.ones(())},
+            _batches(),
+            epochs=1,
+            history_path=tmp_path / "file" / "h.json",
+        )

@@ -51,6 +51,7 @@ LIBRARY = [
     "CheckpointError",
     "Checkpointing",
     "FitResult",
+    "NonFiniteMetric",
     "Preempted",
     "batch_mask",
     "evaluate_metrics",
