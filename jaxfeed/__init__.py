@@ -54,7 +54,7 @@ _EXPORTS = {
         "initialize",
         "place_batch",
     ),
-    "jaxfeed.checkpoint": ("CheckpointError", "Checkpointing"),
+    "jaxfeed.checkpoint": ("CheckpointError", "Checkpointing", "TopologyChangedWarning"),
     "jaxfeed.interrupts": ("Preempted",),
     "jaxfeed.loop": ("FitResult", "NonFiniteMetric", "batch_mask", "evaluate_metrics", "fit"),
 }
@@ -64,7 +64,7 @@ _SUBPACKAGES = ("loaders", "sharding", "mnist")
 __all__ = sorted(_WHERE)
 
 if TYPE_CHECKING:
-    from jaxfeed.checkpoint import CheckpointError, Checkpointing
+    from jaxfeed.checkpoint import CheckpointError, Checkpointing, TopologyChangedWarning
     from jaxfeed.interrupts import Preempted
     from jaxfeed.loaders import (
         BACKENDS,

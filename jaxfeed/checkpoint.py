@@ -55,6 +55,10 @@ class CheckpointFallbackWarning(UserWarning):
     """The newest checkpoint was damaged, and an older one that verifies was used."""
 
 
+class TopologyChangedWarning(UserWarning):
+    """A checkpoint written on other process or device counts was resumed."""
+
+
 @dataclasses.dataclass(frozen=True)
 class Checkpointing:
     """Where and how often `jaxfeed.fit` saves checkpoints.
@@ -257,13 +261,21 @@ class Checkpointer:
       config: directory, frequency and how many to keep.
       settings: what a resumed run must have in common with this one (JSON
         values); stored in every checkpoint.
+      topology: ``{"processes": P, "devices": D}``, stored too; a resume on
+        another one says what changed, and refuses a stream's per-process state.
 
     Raises:
       ValueError: the directory is a file.
     """
 
-    def __init__(self, config: Checkpointing, settings: Mapping[str, Any]):
+    def __init__(
+        self,
+        config: Checkpointing,
+        settings: Mapping[str, Any],
+        topology: Mapping[str, int] | None = None,
+    ):
         self.config = config
+        self.topology = dict(topology or {"processes": jax.process_count()})
         self.directory = Path(config.directory).absolute()
         _check_directory(self.directory)
         self.settings = _as_json(dict(settings))
@@ -304,6 +316,7 @@ class Checkpointer:
             "history": history,
             "data_state": data_state is not None,
             "arrays": fingerprints({"state": state, "totals": dict(totals)}),
+            "topology": self.topology,
         }
         items = {
             "state": ocp.args.StandardSave({"state": state, "totals": dict(totals)}),
@@ -369,6 +382,7 @@ class Checkpointer:
                 f"{where} has format {meta.get('format')!r}; this jaxfeed reads format {FORMAT}"
             )
         check_settings(meta["settings"], self.settings, where)
+        self._check_topology(meta, where)
         target = {"state": state, "totals": dict(totals)}
         _check_structure(meta["arrays"], target, where)
         items = {"state": ocp.args.StandardRestore(jax.tree.map(_abstract_leaf, target))}
@@ -392,6 +406,32 @@ class Checkpointer:
             next_batch=int(meta["next_batch"]),
             history=list(meta["history"]),
             data_state=restored["data"] if meta["data_state"] else None,
+        )
+
+    def _check_topology(self, meta: Mapping[str, Any], where: str) -> None:
+        """Says what changed when resuming on other processes or devices; refuses
+        a stream's state taken on another process count (it is per process)."""
+        saved, now = meta["topology"], self.topology
+        if saved == now:
+            return
+
+        def layout(t: Mapping[str, int]) -> str:
+            devices = f", {t['devices']} device(s)" if "devices" in t else ""
+            return f"{t['processes']} process(es){devices}"
+
+        if meta["data_state"] and saved["processes"] != now["processes"]:
+            raise ValueError(
+                f"{where} holds the stream states of {layout(saved)}, one per process, and a "
+                f"stream cannot be split anew over {now['processes']}; resume it on "
+                f"{saved['processes']} process(es)"
+            )
+        warnings.warn(
+            f"resuming on {layout(now)} from {where}, written on {layout(saved)}: the global "
+            f"batch is the same, so the same global batches continue; the results equal an "
+            f"uninterrupted run's up to float rounding (sums over another layout are added "
+            f"in another order)",
+            TopologyChangedWarning,
+            stacklevel=4,
         )
 
     def wait(self) -> None:

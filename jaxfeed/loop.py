@@ -57,12 +57,13 @@ class FitResult(NamedTuple):
 
 def run_settings(train: BatchSource, settings: Mapping[str, Any] | None) -> dict[str, Any]:
     """What a checkpoint records of a run, and a resumed run must match: the
-    caller's ``settings`` plus the batch size, batches per epoch and process count."""
+    caller's ``settings`` plus the global batch and the batches per epoch. The
+    processes and devices may change (see `Checkpointer`): the same global
+    batches then continue."""
     return {
         **(settings or {}),
-        "batch_size": train.batch_size,
+        "global_batch": train.batch_size * jax.process_count(),
         "num_batches": train.num_batches,
-        "process_count": jax.process_count(),
     }
 
 
@@ -334,7 +335,8 @@ def fit(
     totals, feed = zeros, None
     try:
         if checkpoint is not None:
-            loop.checkpointer = Checkpointer(checkpoint, run_settings(train, settings))
+            topology = {"processes": jax.process_count(), "devices": sharding.mesh.devices.size}
+            loop.checkpointer = Checkpointer(checkpoint, run_settings(train, settings), topology)
             if resume:
                 state, totals = loop.resume(state, totals)
         with loop.interrupts:

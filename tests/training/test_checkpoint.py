@@ -13,11 +13,12 @@ import pytest
 from jaxfeed.loaders.protocol import ArraySpec
 from resume_worker import train_in_process
 
-from jaxfeed import Checkpointing, batch_mask, fit
+from jaxfeed import Checkpointing, batch_mask, fit, loaders
 from jaxfeed.checkpoint import (
     Checkpointer,
     CheckpointError,
     CheckpointFallbackWarning,
+    TopologyChangedWarning,
     check_settings,
     latest,
 )
@@ -191,7 +192,7 @@ def one_epoch(tmp_path_factory):
 @pytest.mark.parametrize(
     ("args", "named"),
     [
-        (["--batch-size", "128"], "batch_size 256, this run has 128"),
+        (["--batch-size", "128"], "global_batch 256, this run has 128"),
         (["--loader", "torch"], "loader 'numpy', this run has 'torch'"),
         (["--dataset", "mnist-10k", "--data-dir", "MNIST"], "dataset 'mnist-sample', this run has"),
         (["--no-shuffle"], "shuffle True, this run has False"),
@@ -308,3 +309,28 @@ def test_two_runs_cannot_write_one_directory(tmp_path):
     finally:
         first.close()
     _fit(ResumableStream(), tmp_path / "run", epochs=1, progress=False)  # free again once closed
+
+
+def test_a_one_device_checkpoint_resumes_on_eight_devices(tmp_path):
+    rng = np.random.default_rng(1)
+    data = {
+        "x": rng.normal(size=(96, FEATURES)).astype(np.float32),
+        "label": rng.integers(0, CLASSES, 96).astype(np.int32),
+    }
+    state = {"w": jnp.zeros((FEATURES, CLASSES), jnp.float32)}
+
+    def run(epochs, devices, **kwargs):
+        source = loaders.make("numpy", dataset=data, batch_size=BATCH, seed=3)
+        return fit(_step, state, source, epochs=epochs, mesh=devices, progress=False, **kwargs)
+
+    whole = run(3, jax.devices()[:1])
+    run(1, jax.devices()[:1], checkpoint=tmp_path)
+    changed = r"resuming on 1 process\(es\), 8 device\(s\) .* written on 1 process\(es\), 1 device"
+    with pytest.warns(TopologyChangedWarning, match=changed):
+        resumed = run(3, jax.devices(), checkpoint=tmp_path, resume=True)
+    # The same global batches (the order depends on the global batch only);
+    # 8 devices add each gradient's sum in another order: equal up to rounding.
+    want, got = np.asarray(whole.state["w"]), np.asarray(resumed.state["w"])
+    assert np.max(np.abs(got - want)) <= 1e-5 * np.max(np.abs(want))
+    for a, b in zip(whole.history, resumed.history, strict=True):
+        assert b["loss"] == pytest.approx(a["loss"], rel=1e-5)

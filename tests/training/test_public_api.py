@@ -53,6 +53,7 @@ LIBRARY = [
     "FitResult",
     "NonFiniteMetric",
     "Preempted",
+    "TopologyChangedWarning",
     "batch_mask",
     "evaluate_metrics",
     "fit",
