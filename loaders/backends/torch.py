@@ -28,12 +28,14 @@ from jaxfeed.loaders.array_dataset import ArrayDataset
 from jaxfeed.loaders.backends.sampled_source import SampledSource
 from jaxfeed.loaders.read_ahead import END, pump
 from jaxfeed.loaders.sampler import Sampler
+from jaxfeed.loaders.workers import SPAWN
 from torch.utils import data as torch_data
 
 OPTIONS = ("order", "num_workers", "prefetch_factor", "persistent_workers")
 
-# Workers must not fork a process that runs JAX/XLA threads (deadlock).
-_WORKER_CONTEXT = "spawn"
+# Workers must not fork a process that runs JAX/XLA threads (deadlock), and
+# leave the terminal's Ctrl-C to the main process (see `loaders.workers`).
+_WORKER_CONTEXT = SPAWN
 # How often a reader waiting for a batch checks that the workers still run.
 _POLL_SECONDS = 0.1
 

@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
+from jaxfeed.loaders.workers import children_ignore_sigint
 from jaxfeed.loaders.wrapping.epochs import Epochs, WrapSettings
 from jaxfeed.loaders.wrapping.random_access import (
     RandomAccess,
@@ -152,8 +153,13 @@ def _in_grain_workers(read: Read, options: Any) -> Read:
             return next(read(epoch, [indices]))
 
         mark_absl_flags_parsed()  # mp_prefetch reads an absl flag (see there)
-        batches = grain.MapDataset.source(list(plan)).map(one).to_iter_dataset()
-        for batch in batches.mp_prefetch(options):
+        batches = iter(grain.MapDataset.source(list(plan)).map(one).to_iter_dataset()
+                       .mp_prefetch(options))  # fmt: skip
+        while True:
+            with children_ignore_sigint():  # Grain starts its workers at the first read
+                batch = next(batches, None)
+            if batch is None:
+                return
             # Workers hand batches over in shared memory: a copy frees it now.
             yield map_leaves(np.array, batch)
 

@@ -31,6 +31,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
+from jaxfeed.loaders.workers import SPAWN
 from jaxfeed.loaders.wrapping.epochs import Epochs, WrapSettings
 from jaxfeed.loaders.wrapping.random_access import (
     RandomAccess,
@@ -442,13 +443,15 @@ def worker_context(loader: Any) -> Any:
         method = method or multiprocessing.get_all_start_methods()[0]
     else:
         method = context.get_start_method()
+    if method == "spawn":
+        return SPAWN  # spawn, its workers leaving Ctrl-C to this process
     if method != "fork":
         return context
     problem = "it was built with multiprocessing_context='fork'" if context else None
     parts = ("dataset", "collate_fn", "worker_init_fn")
     problem = problem or _spawn_problem({name: getattr(loader, name) for name in parts})
     if problem is None:
-        return "spawn"
+        return SPAWN
     warnings.warn(
         f"the wrapped DataLoader starts its {loader.num_workers} workers with fork, which "
         f"can deadlock a process that runs JAX (JAX's threads are copied mid-work), and "

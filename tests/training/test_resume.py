@@ -344,6 +344,48 @@ def test_two_processes_killed_mid_epoch_resume_to_the_same_parameters(tmp_path):
     context = f"both killed after step {target}"
     _assert_bit_identical(_params(resumed), _params(tmp_path / "reference.npz"), context)
 
-    # One process cannot take over a checkpoint written by two.
+    # One process with the same per-process batch has another global batch: refused.
     status, _, err = train_in_process(*run, "--checkpoint-dir", str(directory), "--resume")
-    assert status == 2 and "global_batch 512, this run has 256" in err, err
+    assert status == 2 and "global_batch 256, this run has 128" in err, err
+
+
+@pytest.mark.parametrize("loader", ["torch", "grain"])
+def test_a_terminals_ctrl_c_to_the_whole_group_stops_a_run_with_workers(tmp_path, loader):
+    # A terminal's Ctrl-C reaches the loader's workers too; they must leave it to the
+    # main process, which stops at a step, saves, closes them and exits. Once hung for
+    # minutes when it landed while workers were starting (epoch ends, evaluation).
+    directory, log = tmp_path / "checkpoints", tmp_path / "run.log"
+    args = ["--loader", loader, "--loader-option", "num_workers=2", "--epochs", "20",
+            "--batch-size", "16", "--checkpoint-dir", str(directory),
+            "--checkpoint-every", "100"]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(REPO), "JAX_PLATFORMS": "cpu"}
+    with log.open("w") as out:
+        child = subprocess.Popen(
+            [sys.executable, *_train(*args)], stdout=out, stderr=subprocess.STDOUT, env=env,
+            start_new_session=True,  # its own process group, as a terminal's job
+        )  # fmt: skip
+    try:
+        deadline = time.monotonic() + HARD_TIMEOUT
+        while not _steps(directory) and time.monotonic() < deadline:  # the first save: step 100
+            time.sleep(0.05)
+        time.sleep(random.uniform(0.0, 3.0))  # then anywhere in the next epochs
+        os.killpg(child.pid, signal.SIGINT)
+        signalled = time.monotonic()
+        child.wait(timeout=HARD_TIMEOUT)
+        seconds = time.monotonic() - signalled
+    finally:
+        _end([child])
+    output = _log(log)
+    assert child.returncode == 130, output
+    assert re.search(r"jaxfeed: interrupted: stopped at .* checkpoint of step \d+ in", output), (
+        output
+    )
+    # 2-8 s on a 2-core machine (spawned workers finish starting first); 20 s leaves room.
+    assert seconds < 20, f"took {seconds:.1f} s to stop"
+    # No worker left behind (multiprocessing's resource tracker goes within a second).
+    for _ in range(100):
+        left = subprocess.run(["pgrep", "-g", str(child.pid)], capture_output=True, text=True)
+        if not left.stdout.split():
+            break
+        time.sleep(0.1)
+    assert not left.stdout.split(), f"processes left in the group: {left.stdout.split()}"
