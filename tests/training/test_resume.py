@@ -384,8 +384,21 @@ def test_a_terminals_ctrl_c_to_the_whole_group_stops_a_run_with_workers(tmp_path
     assert seconds < 20, f"took {seconds:.1f} s to stop"
     # No worker left behind (multiprocessing's resource tracker goes within a second).
     for _ in range(100):
-        left = subprocess.run(["pgrep", "-g", str(child.pid)], capture_output=True, text=True)
-        if not left.stdout.split():
+        left = _group(child.pid)
+        if not left:
             break
         time.sleep(0.1)
-    assert not left.stdout.split(), f"processes left in the group: {left.stdout.split()}"
+    assert not left, f"processes left in the group: {left}"
+
+
+def _group(pgid: int) -> list[int]:
+    """The live processes of process group ``pgid`` (from /proc: field 5 of stat)."""
+    members = []
+    for entry in Path("/proc").iterdir():
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # not a process, or gone
+        if entry.name.isdigit() and fields[0] != "Z" and int(fields[2]) == pgid:
+            members.append(int(entry.name))
+    return members
