@@ -232,7 +232,8 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as err:
         if not _is_user_error(err):
             raise
-        print(f"jaxfeed: error: {one_line(str(err)) or type(err).__name__}", file=sys.stderr)
+        said = " ".join([str(err), *getattr(err, "__notes__", ())])  # notes: where it arose
+        print(f"jaxfeed: error: {one_line(said) or type(err).__name__}", file=sys.stderr)
         return 2
 
 

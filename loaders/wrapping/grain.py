@@ -24,6 +24,7 @@ from jaxfeed.loaders.wrapping.random_access import (
     RandomAccess,
     Read,
     class_names,
+    read_record,
     sampled_epochs,
     stack,
 )
@@ -82,7 +83,11 @@ def _map_access(dataset: Any) -> RandomAccess | str:
     def read(epoch: int, plan: Sequence[np.ndarray]) -> Iterator[Any]:
         offset = epoch * num_rows
         for indices in plan:
-            yield batch_fn([epochs[offset + int(i)] for i in indices])
+            records = [
+                read_record(lambda i: epochs[offset + i], int(i), epoch, "grain.MapDataset")
+                for i in indices
+            ]
+            yield batch_fn(records)
 
     return RandomAccess(num_rows, "ShuffleMapDataset" in below, read, batch_size, drop)
 

@@ -100,3 +100,13 @@ def stack(records: Sequence[Any]) -> Any:
 
 def class_names(obj: Any) -> set[str]:
     return {c.__name__ for c in type(obj).__mro__}
+
+
+def read_record(read: Callable[[int], Any], row: int, epoch: int, kind: str) -> Any:
+    """``read(row)``; an error it raises gets a note naming the row and epoch
+    (the type and message stay the user's own)."""
+    try:
+        return read(row)
+    except Exception as error:
+        error.add_note(f"(raised reading row {row} of epoch {epoch} of the wrapped {kind})")
+        raise

@@ -36,6 +36,7 @@ from jaxfeed.loaders.wrapping.epochs import Epochs, WrapSettings
 from jaxfeed.loaders.wrapping.random_access import (
     RandomAccess,
     class_names,
+    read_record,
     sampled_epochs,
 )
 from jaxfeed.loaders.wrapping.streams import (
@@ -208,7 +209,11 @@ class _SeededBatches:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(int(key.generate_state(1, np.uint64)[0] >> 1))
             getitems = getattr(self.dataset, "__getitems__", None)
-            records = getitems(list(rows)) if getitems else [self.dataset[i] for i in rows]
+            if getitems:
+                records = getitems(list(rows))
+            else:
+                read = self.dataset.__getitem__
+                records = [read_record(read, i, rows.epoch, "torch Dataset") for i in rows]
             return _Collated(self.collate(records))
 
 

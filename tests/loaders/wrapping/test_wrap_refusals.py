@@ -370,3 +370,28 @@ def test_a_batch_source_takes_no_new_options():
     for kwargs in ({"host_fields": ("x",)}, {"pad_to": {"x": 4}}):
         with pytest.raises(TypeError, match="already a BatchSource; wrap takes no options"):
             loaders.wrap(source, **kwargs)
+
+
+def _corrupt_at_13(i):
+    if int(i) == 13:
+        raise ValueError("corrupt record")
+    return {"x": np.int32(i)}
+
+
+def test_a_record_that_fails_to_read_is_named_by_row_and_epoch():
+    import grain
+    import torch
+
+    class Records(torch.utils.data.Dataset):
+        def __len__(self):
+            return 20
+
+        def __getitem__(self, i):
+            return _corrupt_at_13(i)
+
+    grain_rows = grain.MapDataset.source(list(range(20))).map(_corrupt_at_13)
+    for obj, kind in ((grain_rows, "grain.MapDataset"), (Records(), "torch Dataset")):
+        source = loaders.wrap(obj, batch_size=4)
+        with pytest.raises(ValueError, match="corrupt record") as raised:
+            list(source.iter_epoch(1))
+        assert f"(raised reading row 13 of epoch 1 of the wrapped {kind})" in raised.value.__notes__
