@@ -6,10 +6,10 @@ main process waiting for a batch that never comes (or failing on a "worker
 exited unexpectedly"), where the main process had stopped at a step, saved a
 checkpoint and was about to close its workers in order. Workers started
 through `SPAWN`, or by a library inside `children_ignore_sigint()`, ignore
-SIGINT for life: the signal is ignored in the parent
-only for the instant the child is forked and executed (an ignored
-disposition survives both, and Python then installs no handler of its own),
-so the parent still sees the user's Ctrl-C.
+SIGINT for life: the signal is ignored in the parent only for the instant
+the child is forked and executed (an ignored disposition survives both, and
+Python then installs no handler of its own), so the parent still sees the
+user's Ctrl-C.
 """
 
 from __future__ import annotations
