@@ -144,6 +144,21 @@ def _join_deadline(message: Callable[[], str], timeout_s: float) -> Iterator[Non
         timer.cancel()
 
 
+def _check_port_free(host: str, port: int) -> None:
+    """Refuses a coordinator address that something already answers on. JAX's
+    service binds with SO_REUSEPORT, so a second job's coordinator would share
+    the port with a running job's and take over its connections."""
+    try:
+        with socket.create_connection((host, port), timeout=2):
+            pass
+    except OSError:
+        return  # nothing answers: free
+    raise ValueError(
+        f"the coordinator address {host}:{port} is in use (something answers there: "
+        f"another job?); start this job on a free port, all its processes alike"
+    )
+
+
 def initialize(
     coordinator: str | None = None,
     num_processes: int | None = None,
@@ -207,6 +222,8 @@ def initialize(
             f"process_id {process_id} is not in [0, num_processes={num_processes}); "
             f"number the processes 0..{max(num_processes, 1) - 1}"
         )
+    if process_id == 0:
+        _check_port_free(host, int(port))
     timeout = peer_timeout(timeout_s)
     # Cross-process collectives on CPU need an implementation; gloo ships with jaxlib.
     jax.config.update("jax_cpu_collectives_implementation", "gloo")

@@ -277,3 +277,16 @@ def test_every_backend_feeds_a_jitted_step_on_eight_devices(backend):
             seen += int(count(batch))
             total += int(label_sum(batch))
     assert seen == len(expected) and total == int(expected.sum())
+
+
+def test_a_coordinator_port_in_use_is_refused_by_process_0():
+    # A second job's coordinator on a running job's port would share it (JAX binds
+    # with SO_REUSEPORT) and take over the first job's connections.
+    import socket
+
+    from jaxfeed.sharding import initialize
+
+    with socket.create_server(("127.0.0.1", 0)) as busy:
+        port = busy.getsockname()[1]
+        with pytest.raises(ValueError, match=rf"127\.0\.0\.1:{port} is in use .*free port"):
+            initialize(f"127.0.0.1:{port}", num_processes=2, process_id=0)
