@@ -402,3 +402,28 @@ def _group(pgid: int) -> list[int]:
         if entry.name.isdigit() and fields[0] != "Z" and int(fields[2]) == pgid:
             members.append(int(entry.name))
     return members
+
+
+def test_sigterm_to_one_process_stops_the_whole_job_at_one_step(tmp_path):
+    # Preemption may reach one process of a job: the others learn it at the next
+    # due checkpoint (where they agree), and every process saves the same step.
+    directory = tmp_path / "checkpoints"
+    args = ["--epochs", "20", "--batch-size", "16", "--checkpoint-dir", str(directory),
+            "--checkpoint-every", "20"]  # fmt: skip
+    children, logs = _job(tmp_path, "job", *args)
+    try:
+        deadline = time.monotonic() + HARD_TIMEOUT
+        while not _steps(directory) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        children[1].send_signal(signal.SIGTERM)
+        for child in children:
+            child.wait(timeout=HARD_TIMEOUT)
+    finally:
+        _end(children)
+    outputs = [log.read_text() for log in logs]
+    assert [child.returncode for child in children] == [143, 143], outputs
+    steps = {
+        re.search(r"preempted \(SIGTERM\): stopped at .*\(step (\d+)\); checkpoint of", out)[1]
+        for out in outputs
+    }
+    assert len(steps) == 1 and int(steps.pop()) % 20 == 0, outputs  # one step, a due checkpoint
