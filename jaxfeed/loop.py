@@ -3,8 +3,9 @@
 The user brings a step and a state; `fit` owns everything between the loader
 and the step: a `DeviceFeed` per epoch (the next one opened while this one is
 evaluated), the state replicated on the mesh, mask-aware metric sums, the
-data-wait figure, a progress bar, a JSON history, checkpoints with exact
-resume, Ctrl-C, and multi-process jobs.
+data-wait figure, a progress bar, a JSON history, verified checkpoints with
+exact (and elastic) resume, Ctrl-C and preemption, a NaN policy, and
+multi-process jobs.
 """
 
 from __future__ import annotations
@@ -45,7 +46,15 @@ from jaxfeed.steps import (
     trace_step,
 )
 
-__all__ = ["FitResult", "Sums", "batch_mask", "evaluate_metrics", "fit", "run_settings"]
+__all__ = [
+    "FitResult",
+    "NonFiniteMetric",
+    "Sums",
+    "batch_mask",
+    "evaluate_metrics",
+    "fit",
+    "run_settings",
+]
 
 
 class FitResult(NamedTuple):
