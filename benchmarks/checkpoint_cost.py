@@ -35,8 +35,9 @@ def main() -> None:
     state = jax.device_put(jax.tree.unflatten(tree, leaves))
     totals = {k: jnp.zeros(()) for k in ("accuracy", "count", "loss")}
     settings = {"dataset": "mnist-sample"}
+    topology = {"processes": 1, "devices": 1}
     with tempfile.TemporaryDirectory() as directory:
-        saver = Checkpointer(Checkpointing(directory, keep=3), settings)
+        saver = Checkpointer(Checkpointing(directory, keep=3), settings, topology)
         blocking, written = [], []
         for step in range(1, SAVES + 1):
             started = time.perf_counter()
@@ -53,7 +54,7 @@ def main() -> None:
         for _ in range(5):
             started = time.perf_counter()
             latest(directory)
-            reader = Checkpointer(Checkpointing(directory, keep=3), settings)
+            reader = Checkpointer(Checkpointing(directory, keep=3), settings, topology)
             jax.block_until_ready(reader.restore(state, totals).state)
             restores.append(time.perf_counter() - started)
             reader.close()

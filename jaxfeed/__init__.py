@@ -18,95 +18,67 @@ Names are imported on first use, so ``import jaxfeed.loaders`` stays free of
 JAX and of every loader framework.
 """
 
-# ruff: noqa: F401  (the TYPE_CHECKING imports are for type checkers; names resolve in __getattr__)
 from __future__ import annotations
 
 import importlib
 from typing import TYPE_CHECKING, Any
 
-# public name -> module that defines it (one spelling per name).
-_EXPORTS = {
-    "jaxfeed.loaders": (
-        "BACKENDS",
-        "DATASETS",
-        "MASK_KEY",
-        "ArrayDataset",
-        "ArraySpec",
-        "Batch",
-        "BatchSource",
-        "HostFields",
-        "ProcessSlice",
-        "Resumable",
-        "Sampler",
-        "SkipsDataState",
-        "available",
-        "load_dataset",
-        "make",
-        "wrap",
-    ),
-    "jaxfeed.sharding": (
-        "DATA_AXIS",
-        "DeviceFeed",
-        "announce_failure",
-        "batch_sharding",
-        "check_agreement",
-        "data_mesh",
-        "initialize",
-        "place_batch",
-    ),
-    "jaxfeed.checkpoint": ("CheckpointError", "Checkpointing", "TopologyChangedWarning"),
-    "jaxfeed.interrupts": ("Preempted",),
-    "jaxfeed.loop": ("FitResult", "NonFiniteMetric", "batch_mask", "evaluate_metrics", "fit"),
+# Public names are those of the two packages' __all__, and these of the library
+# on top (name -> its module). Each name has one spelling: jaxfeed.make is
+# jaxfeed.loaders.make.
+_PACKAGES = ("jaxfeed.loaders", "jaxfeed.sharding")  # loaders first: it imports no JAX
+_LIBRARY = {
+    "CheckpointError": "jaxfeed.checkpoint",
+    "Checkpointing": "jaxfeed.checkpoint",
+    "TopologyChangedWarning": "jaxfeed.checkpoint",
+    "Preempted": "jaxfeed.interrupts",
+    "FitResult": "jaxfeed.loop",
+    "NonFiniteMetric": "jaxfeed.loop",
+    "batch_mask": "jaxfeed.loop",
+    "evaluate_metrics": "jaxfeed.loop",
+    "fit": "jaxfeed.loop",
 }
-_WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
 _SUBPACKAGES = ("loaders", "sharding", "mnist")
 
-__all__ = sorted(_WHERE)
+if TYPE_CHECKING:  # what type checkers see; at run time __getattr__ imports on first use
+    from jaxfeed.checkpoint import (  # noqa: F401
+        CheckpointError,
+        Checkpointing,
+        TopologyChangedWarning,
+    )
+    from jaxfeed.interrupts import Preempted  # noqa: F401
+    from jaxfeed.loaders import *  # noqa: F403
+    from jaxfeed.loop import (  # noqa: F401
+        FitResult,
+        NonFiniteMetric,
+        batch_mask,
+        evaluate_metrics,
+        fit,
+    )
+    from jaxfeed.sharding import *  # noqa: F403
 
-if TYPE_CHECKING:
-    from jaxfeed.checkpoint import CheckpointError, Checkpointing, TopologyChangedWarning
-    from jaxfeed.interrupts import Preempted
-    from jaxfeed.loaders import (
-        BACKENDS,
-        DATASETS,
-        MASK_KEY,
-        ArrayDataset,
-        ArraySpec,
-        Batch,
-        BatchSource,
-        HostFields,
-        ProcessSlice,
-        Resumable,
-        Sampler,
-        SkipsDataState,
-        available,
-        load_dataset,
-        make,
-        wrap,
-    )
-    from jaxfeed.loop import FitResult, NonFiniteMetric, batch_mask, evaluate_metrics, fit
-    from jaxfeed.sharding import (
-        DATA_AXIS,
-        DeviceFeed,
-        announce_failure,
-        batch_sharding,
-        check_agreement,
-        data_mesh,
-        initialize,
-        place_batch,
-    )
+
+def _home(name: str) -> str | None:
+    """The module that defines public ``name``, or None."""
+    if name in _LIBRARY:
+        return _LIBRARY[name]
+    return next((p for p in _PACKAGES if name in importlib.import_module(p).__all__), None)
 
 
 def __getattr__(name: str) -> Any:
-    if name in _WHERE:
-        value = getattr(importlib.import_module(_WHERE[name]), name)
+    if name == "__all__":
+        value = sorted(
+            [*_LIBRARY, *(n for p in _PACKAGES for n in importlib.import_module(p).__all__)]
+        )
     elif name in _SUBPACKAGES:
         value = importlib.import_module(f"jaxfeed.{name}")
-    else:
+    elif name.startswith("__") or (home := _home(name)) is None:  # (dunders: Python's probes)
         raise AttributeError(f"module 'jaxfeed' has no attribute {name!r}")
+    else:
+        value = getattr(importlib.import_module(home), name)
     globals()[name] = value  # later lookups skip this function
     return value
 
 
 def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__, *_SUBPACKAGES})
+    return sorted({*globals(), *__getattr__("__all__"), *_SUBPACKAGES})

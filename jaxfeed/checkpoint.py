@@ -186,13 +186,10 @@ def _abstract_leaf(x: jax.Array) -> jax.ShapeDtypeStruct:
 def _check_structure(saved: Mapping[str, Any], target: Any, where: str) -> None:
     """Refuses a checkpoint whose arrays are not this run's (another model or optimizer)."""
     mine = {
-        jax.tree_util.keystr(path): {
-            "shape": list(np.shape(leaf)),
-            "dtype": np.dtype(leaf.dtype).str,
-        }
+        jax.tree_util.keystr(path): f"{np.dtype(leaf.dtype).name}{list(np.shape(leaf))}"
         for path, leaf in jax.tree_util.tree_leaves_with_path(target)
     }
-    theirs = {path: {"shape": f["shape"], "dtype": f["dtype"]} for path, f in saved.items()}
+    theirs = {path: f"{np.dtype(f['dtype']).name}{f['shape']}" for path, f in saved.items()}
     if mine != theirs:
         differ = sorted(set(mine) ^ set(theirs)) or [p for p in mine if mine[p] != theirs[p]]
         path = differ[0]
@@ -272,10 +269,10 @@ class Checkpointer:
         self,
         config: Checkpointing,
         settings: Mapping[str, Any],
-        topology: Mapping[str, int] | None = None,
+        topology: Mapping[str, int],
     ):
         self.config = config
-        self.topology = dict(topology or {"processes": jax.process_count()})
+        self.topology = dict(topology)
         self.directory = Path(config.directory).absolute()
         _check_directory(self.directory)
         self.settings = _as_json(dict(settings))
@@ -416,8 +413,7 @@ class Checkpointer:
             return
 
         def layout(t: Mapping[str, int]) -> str:
-            devices = f", {t['devices']} device(s)" if "devices" in t else ""
-            return f"{t['processes']} process(es){devices}"
+            return f"{t['processes']} process(es), {t['devices']} device(s)"
 
         if meta["data_state"] and saved["processes"] != now["processes"]:
             raise ValueError(

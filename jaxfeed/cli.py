@@ -37,8 +37,6 @@ from jaxfeed.cli_args import (
 from jaxfeed.cli_train import add_train, run_train
 from jaxfeed.interrupts import PREEMPTED_STATUS, Preempted
 
-_OWN_PACKAGES = ("jaxfeed", "loaders", "sharding")
-
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
@@ -195,7 +193,7 @@ def _is_user_error(err: Exception) -> bool:
     """Bad input, or a missing package or file: worth one line, not a traceback."""
     if isinstance(err, ImportError):
         # A failed import between jaxfeed's own modules is a bug, not a missing package.
-        return (err.name or "").partition(".")[0] not in _OWN_PACKAGES
+        return (err.name or "").partition(".")[0] != "jaxfeed"
     return isinstance(err, ValueError | TypeError | OSError)
 
 

@@ -39,7 +39,6 @@ from jaxfeed.steps import (
     device_part,
     eval_pass,
     evaluate_metrics,
-    host_fields,
     means,
     serialize_steps,
     to_host,
@@ -74,6 +73,11 @@ def run_settings(train: BatchSource, settings: Mapping[str, Any] | None) -> dict
         "global_batch": train.batch_size * jax.process_count(),
         "num_batches": train.num_batches,
     }
+
+
+def run_topology(sharding: NamedSharding) -> dict[str, int]:
+    """What a checkpoint records of the job's layout: it may change on resume."""
+    return {"processes": jax.process_count(), "devices": sharding.mesh.devices.size}
 
 
 class NonFiniteMetric(ValueError):
@@ -149,7 +153,9 @@ class _Loop:
         mine = np.int32(self.interrupts.requested or 0)
         signals = [int(s) for s in np.ravel(multihost_utils.process_allgather(mine)) if s]
         # SIGTERM wins: a preempted job exits as one.
-        self.stop_signal = max(signals, key=lambda s: s == signal.SIGTERM) if signals else None
+        self.stop_signal = (
+            signal.SIGTERM if signal.SIGTERM in signals else next(iter(signals), None)
+        )
         return self.stop_signal is not None
 
     def stopping(self) -> bool:
@@ -211,7 +217,6 @@ class _Loop:
         sums and the seconds the device may have idled waiting for data."""
         every = self.checkpointer.config.every if self.checkpointer else None
         serialize = serialize_steps(self.sharding)
-        host = host_fields(self.train)
         wait, save_due = 0.0, False
         bar = tqdm(
             total=feed.num_batches,
@@ -238,7 +243,7 @@ class _Loop:
                     raise self.stopped()
                 if save_due:
                     self.save(state, totals)
-                batch = device_part(batch, host)
+                batch = device_part(batch, feed.host_fields)
                 state, totals = run(state, totals, batch)
                 if serialize:
                     jax.block_until_ready(totals)
@@ -344,7 +349,7 @@ def fit(
     totals, feed = zeros, None
     try:
         if checkpoint is not None:
-            topology = {"processes": jax.process_count(), "devices": sharding.mesh.devices.size}
+            topology = run_topology(sharding)
             loop.checkpointer = Checkpointer(checkpoint, run_settings(train, settings), topology)
             if resume:
                 state, totals = loop.resume(state, totals)

@@ -8,14 +8,13 @@ accumulated on the device and read back as means.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from jaxfeed.loaders import protocol
 from jaxfeed.loaders.protocol import MASK_KEY, BatchSource
 from jaxfeed.sharding import DeviceFeed, batch_sharding, data_mesh
 
@@ -163,22 +162,18 @@ def evaluate_metrics(
     return means(eval_pass(run, state, zeros, source, sharding))
 
 
-def device_part(batch: dict, host: frozenset[str]) -> dict:
+def device_part(batch: dict, host: Collection[str]) -> dict:
     """The placed leaves of a batch: a source's ``host_fields`` (numpy, e.g.
-    text) ride along in the feed's batches but never reach a jitted step."""
+    text; a feed's ``host_fields``) ride along in the feed's batches but never
+    reach a jitted step."""
     return {k: v for k, v in batch.items() if k not in host} if host else batch
-
-
-def host_fields(source: BatchSource) -> frozenset[str]:
-    return frozenset(protocol.host_fields(source))
 
 
 def eval_pass(run: Callable, state: Any, totals: Sums, source: BatchSource, sharding) -> dict:
     serialize = serialize_steps(sharding)
-    host = host_fields(source)
     with DeviceFeed(source, sharding) as feed:
         for batch in feed:
-            totals = run(state, totals, device_part(batch, host))
+            totals = run(state, totals, device_part(batch, feed.host_fields))
             if serialize:
                 jax.block_until_ready(totals)
     return to_host(totals)

@@ -82,12 +82,13 @@ def _map_access(dataset: Any) -> RandomAccess | str:
 
     def read(epoch: int, plan: Sequence[np.ndarray]) -> Iterator[Any]:
         offset = epoch * num_rows
+
+        def record(row: int) -> Any:
+            return epochs[offset + row]
+
         for indices in plan:
-            records = [
-                read_record(lambda i: epochs[offset + i], int(i), epoch, "grain.MapDataset")
-                for i in indices
-            ]
-            yield batch_fn(records)
+            rows = [read_record(record, int(i), epoch, "grain.MapDataset") for i in indices]
+            yield batch_fn(rows)
 
     return RandomAccess(num_rows, "ShuffleMapDataset" in below, read, batch_size, drop)
 

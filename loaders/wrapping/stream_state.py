@@ -107,7 +107,7 @@ class Stream:
         """The raw batches from ``(epoch, start)``; ``keep_state=False``: no
         state of them will be asked for (see `Cursor.keep_state`)."""
         with self._lock:
-            self._cursor.keep_state = keep_state
+            self._cursor.keep_state = keep_state  # (what _route's refusal depends on)
             self._route(epoch, start)  # an unreachable position is refused now, at the call
         return self._read(epoch, start, keep_state)
 
@@ -115,7 +115,7 @@ class Stream:
         with self._lock:
             self._reader += 1  # the iterator that began reading last owns the cursor
             reader = self._reader
-            self._cursor.keep_state = keep_state
+            self._cursor.keep_state = keep_state  # again: another call may have come between
             self._seek(epoch, start)
         while True:
             with self._lock:

@@ -106,7 +106,8 @@ def wrap_dataset(dataset: Any, settings: WrapSettings, **_: Any) -> Epochs:
     )
 
 
-# Ops whose elements are batches of their input's; and sources whose elements are rows.
+# Ops whose elements are batches of their input's; and sources (or .unbatch())
+# whose elements are rows.
 _BATCHING = {
     "_BatchDataset",
     "_PaddedBatchDataset",
@@ -117,7 +118,7 @@ _BATCHING = {
     "BatchDataset",
     "PaddedBatchDataset",
 }
-_ROW_SOURCES = {
+_ROWS = {
     "_TensorSliceDataset",
     "_RangeDataset",
     "TFRecordDatasetV2",
@@ -139,7 +140,7 @@ def _yields_batches(dataset: Any) -> bool | None:
         name = type(node).__name__
         if name in _BATCHING:
             return True
-        if name in _ROW_SOURCES:
+        if name in _ROWS:
             return False
         inputs = node._inputs() if hasattr(node, "_inputs") else []
         if len(inputs) == 1 and name not in {"_FlatMapDataset", "_InterleaveDataset",

@@ -299,7 +299,7 @@ def test_no_checkpoint_that_verifies_stops_the_run(runs, tmp_path):
 
 
 def test_two_runs_cannot_write_one_directory(tmp_path):
-    first = Checkpointer(Checkpointing(tmp_path / "run"), {})
+    first = Checkpointer(Checkpointing(tmp_path / "run"), {}, {"processes": 1, "devices": 1})
     try:
         with pytest.raises(
             ValueError,

@@ -104,6 +104,12 @@ def _end(children: list[subprocess.Popen]) -> None:
         child.wait(timeout=HARD_TIMEOUT)
 
 
+def _train_to_the_end(log: Path, *args: str) -> str:
+    """``jaxfeed train ARGS`` in a fresh process (8 devices), which must exit 0; its output."""
+    (output,) = _finish([_start(_train(*args), log)], [log])
+    return output
+
+
 def _log(path: Path) -> str:
     return path.read_text()[-3000:]
 
@@ -270,24 +276,19 @@ def _truncate(path: Path) -> None:
 @pytest.mark.parametrize("damage", [_flip_bytes, _truncate], ids=["flipped", "truncated"])
 def test_a_damaged_newest_checkpoint_falls_back_and_ends_bit_identical(tmp_path, reference, damage):
     directory = tmp_path / "checkpoints"
-    first = _start(
-        _train(
-            "--epochs", "1", *RUN[2:], "--checkpoint-dir", str(directory), "--checkpoint-every", "6"
-        ),
+    _train_to_the_end(
         tmp_path / "first.log",
+        *("--epochs", "1", *RUN[2:], "--checkpoint-dir", str(directory), "--checkpoint-every", "6"),
     )
-    _finish([first], [tmp_path / "first.log"])
     assert _steps(directory) == [6, 12, 16]
     for file in (directory / "16" / "state").rglob("*"):
         if file.is_file() and file.parent.name == "d":  # the OCDBT files holding the values
             damage(file)
     params = tmp_path / "resumed.npz"
-    log = tmp_path / "resumed.log"
-    resumed = _start(
-        _train(*RUN, "--checkpoint-dir", str(directory), "--resume", "--save-params", str(params)),
-        log,
+    output = _train_to_the_end(
+        tmp_path / "resumed.log",
+        *(*RUN, "--checkpoint-dir", str(directory), "--resume", "--save-params", str(params)),
     )
-    (output,) = _finish([resumed], [log])
     assert re.search(
         r"jaxfeed: warning: step 16: .*/16/state (is unreadable|does not match).*; resuming "
         r"from step 12 instead",
@@ -301,12 +302,11 @@ def test_a_two_process_checkpoint_resumes_on_one_process(tmp_path, reference):
     directory = tmp_path / "checkpoints"
     _finish(*_job(tmp_path, "two", "--epochs", "1", "--batch-size", "128",
                   "--checkpoint-dir", str(directory)))  # fmt: skip
-    params, log = tmp_path / "resumed.npz", tmp_path / "one.log"
-    one = _start(
-        _train(*RUN, "--checkpoint-dir", str(directory), "--resume", "--save-params", str(params)),
-        log,
+    params = tmp_path / "resumed.npz"
+    output = _train_to_the_end(
+        tmp_path / "one.log",
+        *(*RUN, "--checkpoint-dir", str(directory), "--resume", "--save-params", str(params)),
     )
-    (output,) = _finish([one], [log])
     assert re.search(
         r"warning: resuming on 1 process\(es\), 8 device\(s\) .* written on 2 process\(es\), "
         r"4 device\(s\)",

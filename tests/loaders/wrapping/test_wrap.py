@@ -373,7 +373,7 @@ def test_tf_rows_as_wide_as_the_batch_are_batched_not_taken_for_batches():
         [[8, 9], [10, 11]],
     ]
     # The same rows batched in the pipeline: its batches, as they are.
-    (native,) = [list(loaders.wrap(rows.batch(6)).iter_epoch(0))]
+    native = list(loaders.wrap(rows.batch(6)).iter_epoch(0))
     assert len(native) == 1 and native[0]["image"].shape == (6, 2)
 
 
