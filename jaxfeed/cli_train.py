@@ -169,9 +169,23 @@ def _lost_peer(err: Exception) -> str | None:
     """What to say when ``err`` means another process of the job is gone, else None."""
     import jax
 
+    from jaxfeed.sharding.distributed import longest_pause_s, peer_timeout
+
+    lost = isinstance(err, TimeoutError) or (
+        isinstance(err, jax.errors.JaxRuntimeError) and "gloo" in str(err).lower()
+    )
+    paused, timeout = longest_pause_s(), peer_timeout()
+    if lost and paused >= timeout:  # the others gave up on this one: it is to blame
+        return (
+            f"process {jax.process_index()} itself was paused for {paused:.0f} s (stopped "
+            f"with SIGSTOP or Ctrl-Z, its machine suspended, or starved of CPU), longer than "
+            f"the peer timeout of {timeout:g} s, so the other processes gave up on it and "
+            f"the job stopped. Restart every process (with --resume to continue from the "
+            f"last checkpoint)"
+        )
     if isinstance(err, TimeoutError):  # from check_agreement: it names the process
         return str(err)
-    if isinstance(err, jax.errors.JaxRuntimeError) and "gloo" in str(err).lower():
+    if lost:
         return (
             f"process {jax.process_index()} lost its connection to another process during "
             f"training ({one_line(str(err))}). That process stopped: killed, out of memory "

@@ -8,10 +8,12 @@ import os
 import socket
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import NoReturn
 
 import jax
+from jaxfeed.sharding.roll_call import RollCall, claim_id, roll_call_port
 
 # Our own names first, then the ones JAX's launcher documentation uses.
 _ENV = {
@@ -26,6 +28,9 @@ DEFAULT_PEER_TIMEOUT_S = 60.0
 _JAX_GRACE_S = 10
 # The job's peer timeout, set by initialize(); check_agreement() waits as long.
 _job_timeout_s: float | None = None
+# How often the pause watch wakes, and the longest time it saw this process not run.
+_PAUSE_TICK_S = 0.5
+_longest_pause_s = 0.0
 
 
 def _from_env(name: str) -> str | None:
@@ -222,15 +227,19 @@ def initialize(
             f"process_id {process_id} is not in [0, num_processes={num_processes}); "
             f"number the processes 0..{max(num_processes, 1) - 1}"
         )
+    timeout = peer_timeout(timeout_s)
     if process_id == 0:
         _check_port_free(host, int(port))
-    timeout = peer_timeout(timeout_s)
+        RollCall(roll_call_port(int(port)), num_processes)
     # Cross-process collectives on CPU need an implementation; gloo ships with jaxlib.
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     seconds = math.ceil(timeout)
     with _join_deadline(
         lambda: _join_failure(coordinator, num_processes, process_id, timeout), timeout
     ):
+        if process_id != 0:  # before JAX registers this process with the coordinator
+            roll_call = (host.strip("[]"), roll_call_port(int(port)))
+            claim_id(*roll_call, process_id, num_processes, time.monotonic() + timeout)
         jax.distributed.initialize(
             coordinator_address=coordinator,
             num_processes=num_processes,
@@ -242,4 +251,25 @@ def initialize(
             shutdown_timeout_seconds=seconds,
         )
     _job_timeout_s = timeout
+    threading.Thread(target=_watch_pauses, name="jaxfeed-pause-watch", daemon=True).start()
     return True
+
+
+def _watch_pauses() -> None:
+    """Records the longest stretch this process did not run: stopped (SIGSTOP,
+    Ctrl-Z), its VM suspended, or starved of CPU. The monotonic clock runs on
+    meanwhile, so a thread that wakes every tick sees the gap."""
+    global _longest_pause_s
+    last = time.monotonic()
+    while True:
+        time.sleep(_PAUSE_TICK_S)
+        now = time.monotonic()
+        _longest_pause_s = max(_longest_pause_s, now - last - _PAUSE_TICK_S)
+        last = now
+
+
+def longest_pause_s() -> float:
+    """The longest time this process of a joined job was paused, in seconds. The
+    other processes hear no heartbeat from a paused one, and after the peer
+    timeout they give up on it: then this process, not its peers, is to blame."""
+    return _longest_pause_s

@@ -5,6 +5,7 @@ fails early, or dies before or during training. Every child has a hard
 timeout, so a regression fails, never hangs.
 """
 
+import contextlib
 import hashlib
 import json
 import os
@@ -14,6 +15,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import jax
@@ -253,12 +255,13 @@ def test_a_peer_killed_during_the_agreement_is_named(tmp_path):
     assert "TimeoutError: process 0 waited 3 s for the settings of process 1" in output0
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("killed", [0, 1])
-def test_a_peer_killed_during_training_stops_the_job(tmp_path, killed):
+@contextlib.contextmanager
+def _training_job(tmp_path: Path, *args: str, name: str = "process") -> Iterator[tuple]:
+    """A 2-process ``jaxfeed train --epochs 1000`` past its first epoch: (coordinator,
+    children, logs). Whatever is still running at the end is killed."""
     coordinator = f"127.0.0.1:{free_port()}"
-    logs = [tmp_path / "process0.log", tmp_path / "process1.log"]
-    args = ["--epochs", "1000", "--batch-size", "32", "--peer-timeout", PEER_TIMEOUT]
+    logs = [tmp_path / f"{name}{i}.log" for i in range(2)]
+    args = ("--epochs", "1000", "--batch-size", "32", *args)
     children = [_start(_cli(coordinator, 2, i, *args), log) for i, log in enumerate(logs)]
     try:
         deadline = time.monotonic() + HARD_TIMEOUT
@@ -266,11 +269,18 @@ def test_a_peer_killed_during_training_stops_the_job(tmp_path, killed):
             assert time.monotonic() < deadline, "training did not start"
             assert all(c.poll() is None for c in children), [log.read_text() for log in logs]
             time.sleep(0.2)
-    except BaseException:
-        for child in children:
-            child.kill()
-        raise
+        yield coordinator, children, logs
     finally:
+        for child in children:
+            if child.poll() is None:
+                child.kill()
+            child.wait()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("killed", [0, 1])
+def test_a_peer_killed_during_training_stops_the_job(tmp_path, killed):
+    with _training_job(tmp_path, "--peer-timeout", PEER_TIMEOUT) as (_, children, logs):
         children[killed].kill()
         results = _finish(children, logs)
     status, output = results[1 - killed]
@@ -279,3 +289,46 @@ def test_a_peer_killed_during_training_stops_the_job(tmp_path, killed):
         f"jaxfeed: error: process {1 - killed} lost its connection to another process during "
         "training" in output
     ), output
+
+
+@pytest.mark.slow
+def test_a_second_job_on_a_running_jobs_coordinator_is_refused_unharmed(tmp_path):
+    # Job B's process 1 would register with job A's coordination service, which
+    # then aborted both of A's processes (134) about 2 s later.
+    with _training_job(tmp_path, "--peer-timeout", PEER_TIMEOUT) as (coordinator, job_a, logs):
+        port = coordinator.rpartition(":")[2]
+        logs_b = [tmp_path / f"second{i}.log" for i in range(2)]
+        job_b = [_start(_cli(coordinator, 2, i, "--epochs", "1"), logs_b[i]) for i in range(2)]
+        (status0, output0), (status1, output1) = _finish(job_b, logs_b)
+        assert status0 == 2 and f"127.0.0.1:{port} is in use" in output0, output0
+        assert status1 == 2, output1
+        assert re.search(
+            r"jaxfeed: error: process 1 cannot join: process 1 of the job at this coordinator "
+            r"is already running \(pid \d+ on .+\): is this a second job",
+            output1,
+        ), output1
+        time.sleep(5)  # longer than A took to abort before
+        assert all(child.poll() is None for child in job_a), [log.read_text() for log in logs]
+        # A is healthy: a SIGTERM to one process stops both together.
+        job_a[1].send_signal(signal.SIGTERM)
+        results = _finish(job_a, logs)
+    assert [status for status, _ in results] == [143, 143], results
+
+
+@pytest.mark.slow
+def test_a_paused_process_blames_itself(tmp_path):
+    # The others stop hearing from a stopped process; when it runs again, its
+    # own message must not blame them.
+    with _training_job(tmp_path, "--peer-timeout", "4") as (_, children, logs):
+        children[1].send_signal(signal.SIGSTOP)
+        time.sleep(12)
+        children[1].send_signal(signal.SIGCONT)
+        (status0, output0), (status1, output1) = _finish(children, logs)
+    assert status1 == 2, output1
+    assert re.search(
+        r"jaxfeed: error: process 1 itself was paused for 1\d s \(stopped with SIGSTOP or "
+        r"Ctrl-Z, .*longer than the peer timeout of 4 s",
+        output1,
+    ), output1
+    assert "lost its connection" not in output1
+    assert status0 != 0 and "stopped sending heartbeats" in output0, output0  # JAX names 1

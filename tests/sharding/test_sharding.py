@@ -290,3 +290,36 @@ def test_a_coordinator_port_in_use_is_refused_by_process_0():
         port = busy.getsockname()[1]
         with pytest.raises(ValueError, match=rf"127\.0\.0\.1:{port} is in use .*free port"):
             initialize(f"127.0.0.1:{port}", num_processes=2, process_id=0)
+
+
+def test_a_roll_call_port_in_use_is_refused_by_process_0():
+    import socket
+
+    from jaxfeed.sharding.roll_call import RollCall
+
+    with socket.create_server(("", 0)) as busy:
+        port = busy.getsockname()[1]
+        with pytest.raises(ValueError, match=rf"port {port} \(the coordinator's port \+ 1"):
+            RollCall(port, num_processes=2)
+
+
+def test_the_roll_call_grants_each_id_once_while_its_holder_lives():
+    from backend_helpers import free_port
+    from jaxfeed.sharding.roll_call import RollCall, claim_id
+
+    port = free_port()
+    RollCall(port, num_processes=3)
+    deadline = time.monotonic() + 10
+    first = claim_id("127.0.0.1", port, 1, 3, deadline)
+    with pytest.raises(ValueError, match=r"process 1 of the job .* is already running \(pid"):
+        claim_id("127.0.0.1", port, 1, 3, deadline)
+    with pytest.raises(ValueError, match=r"has 3 processes, this process was started with "):
+        claim_id("127.0.0.1", port, 2, 4, deadline)
+    first.close()  # its holder exits: the id is free again (once process 0 sees the EOF)
+    while True:
+        try:
+            claim_id("127.0.0.1", port, 1, 3, deadline).close()
+            break
+        except ValueError:
+            assert time.monotonic() < deadline, "the id was not freed"
+            time.sleep(0.05)
