@@ -1,15 +1,20 @@
-"""Worker processes that leave Ctrl-C to the process that started them.
+"""Worker processes that leave Ctrl-C and SIGTERM to the process that started them.
 
 A terminal sends Ctrl-C (SIGINT) to its whole process group, loader workers
-included. A worker killed by it while it starts or between batches leaves the
-main process waiting for a batch that never comes (or failing on a "worker
-exited unexpectedly"), where the main process had stopped at a step, saved a
-checkpoint and was about to close its workers in order. Workers started
-through `SPAWN`, or by a library inside `children_ignore_sigint()`, ignore
-SIGINT for life: the signal is ignored in the parent only for the instant
-the child is forked and executed (an ignored disposition survives both, and
-Python then installs no handler of its own), so the parent still sees the
-user's Ctrl-C.
+included, and a machine that shuts down (preemption) sends SIGTERM to every
+process. A worker killed by either while it starts or between batches leaves
+the main process waiting for a batch that never comes (spawn's parent blocks
+for good writing the new worker's pickled state into a pipe nobody reads), or
+failing on a "worker exited unexpectedly", where the main process had
+stopped at a step, saved a checkpoint and was about to close its workers in
+order. Workers started through `SPAWN`, or by a library inside
+`children_ignore_stop_signals()`, ignore both for life: the signals are
+ignored in the parent only for the instant the child is forked and executed
+(an ignored disposition survives both, and Python then installs no handler
+of its own), so the parent still sees them. Torch's worker loop installs a
+SIGTERM handler of its own, which `SPAWN`'s processes set back to ignored.
+The main process closes its workers itself; past their timeouts Grain kills
+them (SIGKILL) and torch's workers exit once their parent is gone.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import signal
+import sys
 import threading
 from collections.abc import Iterator
 from multiprocessing import util
@@ -44,35 +50,40 @@ def _libc_sigaction() -> Any:
 
 _SIGACTION = _libc_sigaction()
 _LAUNCHING = threading.Lock()
+# What the workers leave to their parent.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 @contextlib.contextmanager
-def _sigint_ignored() -> Iterator[None]:
-    """SIGINT ignored, process-wide, from any thread: through libc, since
-    Python's `signal.signal` works in the main thread only (Grain starts its
-    workers from a thread of its own). Python's own handler is put back
-    exactly as it was, flags included."""
+def _stop_signals_ignored() -> Iterator[None]:
+    """SIGINT and SIGTERM ignored, process-wide, from any thread: through libc,
+    since Python's `signal.signal` works in the main thread only (Grain starts
+    its workers from a thread of its own). Python's own handlers are put back
+    exactly as they were, flags included."""
     if _SIGACTION is None:  # not glibc: nothing to protect the workers with
         yield
         return
-    ignore, previous = _Sigaction(), _Sigaction()
+    ignore = _Sigaction()
     ignore.handler = 1  # SIG_IGN
-    # One at a time: two threads' interleaved save/restore would leave it ignored.
+    # One at a time: two threads' interleaved save/restore would leave them ignored.
     with _LAUNCHING:
-        if _SIGACTION(signal.SIGINT, ctypes.byref(ignore), ctypes.byref(previous)) != 0:
-            yield
-            return
+        previous = {}
         try:
+            for signum in STOP_SIGNALS:
+                action = _Sigaction()
+                if _SIGACTION(signum, ctypes.byref(ignore), ctypes.byref(action)) == 0:
+                    previous[signum] = action
             yield
         finally:
-            _SIGACTION(signal.SIGINT, ctypes.byref(previous), None)
+            for signum, action in previous.items():
+                _SIGACTION(signum, ctypes.byref(action), None)
 
 
 @contextlib.contextmanager
-def children_ignore_sigint() -> Iterator[None]:
+def children_ignore_stop_signals() -> Iterator[None]:
     """Processes spawned inside (by any library and thread, with Python's spawn
-    start method) ignore SIGINT for life; this process ignores it only while
-    each child is forked and executed, milliseconds.
+    start method) ignore SIGINT and SIGTERM for life; this process ignores them
+    only while each child is forked and executed, milliseconds.
 
     Python 3.11-3.13's spawn starts the child with multiprocessing.util's
     ``spawnv_passfds``, then sends it the pickled process object, which can
@@ -81,26 +92,45 @@ def children_ignore_sigint() -> Iterator[None]:
     """
     launch = util.spawnv_passfds
 
-    def launch_ignoring_sigint(*args: Any) -> int:
-        with _sigint_ignored():
+    def launch_ignoring_stop_signals(*args: Any) -> int:
+        with _stop_signals_ignored():
             return launch(*args)
 
-    util.spawnv_passfds = launch_ignoring_sigint
+    util.spawnv_passfds = launch_ignoring_stop_signals
     try:
         yield
     finally:
         util.spawnv_passfds = launch
 
 
-class _SigintIgnoringProcess(SpawnProcess):
+def _keep_sigterm_ignored() -> None:
+    """In a child: torch's worker loop, which starts by installing its signal
+    handlers, sets SIGTERM back to ignored right after."""
+    handlers = sys.modules.get("torch.utils.data._utils.signal_handling")
+    if handlers is None:
+        return
+    install = handlers._set_worker_signal_handlers
+
+    def install_then_ignore_sigterm(*args: Any) -> None:
+        install(*args)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+    handlers._set_worker_signal_handlers = install_then_ignore_sigterm
+
+
+class _StopSignalsIgnoringProcess(SpawnProcess):
     def start(self) -> None:
-        with children_ignore_sigint():
+        with children_ignore_stop_signals():
             super().start()
 
+    def run(self) -> None:  # in the child
+        _keep_sigterm_ignored()
+        super().run()
 
-class _SigintIgnoringSpawn(SpawnContext):
-    Process = _SigintIgnoringProcess
+
+class _StopSignalsIgnoringSpawn(SpawnContext):
+    Process = _StopSignalsIgnoringProcess
 
 
-SPAWN = _SigintIgnoringSpawn()
-"""A spawn ``multiprocessing`` context whose processes ignore the terminal's Ctrl-C."""
+SPAWN = _StopSignalsIgnoringSpawn()
+"""A spawn ``multiprocessing`` context whose processes leave SIGINT and SIGTERM to their parent."""

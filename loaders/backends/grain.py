@@ -25,7 +25,7 @@ from jaxfeed.loaders.backends.sampled_source import SampledSource
 from jaxfeed.loaders.backends.tfds_store import import_tfds, split_name, store
 from jaxfeed.loaders.protocol import Batch
 from jaxfeed.loaders.sampler import Sampler
-from jaxfeed.loaders.workers import children_ignore_sigint
+from jaxfeed.loaders.workers import children_ignore_stop_signals
 
 SOURCES = ("memory", "tfds")
 OPTIONS = ("order", "source", "num_workers", "num_threads")
@@ -144,7 +144,7 @@ class _Reader:
                 ds = ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=self._num_workers))
             self._iterator, self.position = iter(ds), position
         try:
-            with children_ignore_sigint():  # Grain starts its workers at the first read
+            with children_ignore_stop_signals():  # Grain starts its workers at the first read
                 batch = next(self._iterator)
         except BaseException:
             self.close()  # a failed iterator is not reused

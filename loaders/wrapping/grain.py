@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
-from jaxfeed.loaders.workers import children_ignore_sigint
+from jaxfeed.loaders.workers import children_ignore_stop_signals
 from jaxfeed.loaders.wrapping.epochs import Epochs, WrapSettings
 from jaxfeed.loaders.wrapping.random_access import (
     RandomAccess,
@@ -162,7 +162,7 @@ def _in_grain_workers(read: Read, options: Any) -> Read:
         batches = iter(grain.MapDataset.source(list(plan)).map(one).to_iter_dataset()
                        .mp_prefetch(options))  # fmt: skip
         while True:
-            with children_ignore_sigint():  # Grain starts its workers at the first read
+            with children_ignore_stop_signals():  # Grain starts its workers at the first read
                 batch = next(batches, None)
             if batch is None:
                 return

@@ -391,6 +391,49 @@ def test_a_terminals_ctrl_c_to_the_whole_group_stops_a_run_with_workers(tmp_path
     assert not left, f"processes left in the group: {left}"
 
 
+@pytest.mark.parametrize("loader", ["torch", "grain"])
+def test_sigterm_to_a_run_with_workers_resumes_bit_identical_and_leaves_no_process(
+    tmp_path, reference, loader
+):
+    # Preemption: a machine that shuts down sends SIGTERM to every process, the
+    # workers too. Once a worker killed while it started left torch's spawn
+    # blocked for good, and killed Grain workers leaked their shared memory.
+    directory, log = tmp_path / "checkpoints", tmp_path / "run.log"
+    args = ["--loader", loader, "--loader-option", "num_workers=2", "--devices", "1"]
+    env = {**os.environ, "PYTHONPATH": str(REPO), "JAX_PLATFORMS": "cpu"}
+    with log.open("w") as out:
+        child = subprocess.Popen(
+            [sys.executable, *_train(*RUN, *args, "--checkpoint-dir", str(directory),
+                                     "--checkpoint-every", "5")],
+            stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+        )  # fmt: skip
+    try:
+        _stop_at_checkpoint([child], directory, random.choice([5, 10, 15, 20]))
+        os.killpg(child.pid, signal.SIGTERM)  # the workers get it too
+        signalled = time.monotonic()
+        child.send_signal(signal.SIGCONT)
+        child.wait(timeout=HARD_TIMEOUT)
+        seconds = time.monotonic() - signalled
+    finally:
+        _end([child])
+    output = _log(log)
+    assert child.returncode == 143, output
+    assert seconds < 20, f"took {seconds:.1f} s to stop"  # torch's next-epoch workers: ~4 s
+    stopped = re.search(r"preempted \(SIGTERM\): stopped at .* \(step (\d+)\); checkpoint", output)
+    assert stopped, output
+    assert "leaked" not in output, output  # no semaphore or shared memory left to clean up
+    for _ in range(100):
+        left = _group(child.pid)
+        if not left:
+            break
+        time.sleep(0.1)
+    assert not left, f"processes left in the group: {left}"
+
+    resumed_from, params = _resume(directory, *args)
+    assert resumed_from == int(stopped[1])
+    _assert_bit_identical(params, reference(*args), stopped[0])
+
+
 def _group(pgid: int) -> list[int]:
     """The live processes of process group ``pgid`` (from /proc: field 5 of stat)."""
     members = []
