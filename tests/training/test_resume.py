@@ -317,6 +317,27 @@ def test_a_two_process_checkpoint_resumes_on_one_process(tmp_path, reference):
         assert np.max(np.abs(got[key] - want[key])) <= 1e-5 * np.max(np.abs(want[key])), key
 
 
+def test_a_one_process_checkpoint_resumes_on_two_processes(tmp_path, reference):
+    # Elastic the other way: 1 process x 256 rows, then 2 x 128.
+    directory, params = tmp_path / "checkpoints", tmp_path / "resumed.npz"
+    _train_to_the_end(
+        tmp_path / "one.log", "--epochs", "1", *RUN[2:], "--checkpoint-dir", str(directory)
+    )
+    outputs = _finish(*_job(tmp_path, "two", "--epochs", "2", "--batch-size", "128",
+                            "--checkpoint-dir", str(directory), "--resume",
+                            "--save-params", str(params)))  # fmt: skip
+    for i, output in enumerate(outputs):
+        assert re.search(rf"\[process {i}\] resuming from step {STEPS_PER_EPOCH} ", output), output
+        assert re.search(
+            r"warning: resuming on 2 process\(es\), 4 device\(s\) .* written on 1 "
+            r"process\(es\), 8 device\(s\)",
+            output,
+        ), output
+    got, want = _params(params), reference()
+    for key in want:  # equal up to the rounding of sums added in another order
+        assert np.max(np.abs(got[key] - want[key])) <= 1e-5 * np.max(np.abs(want[key])), key
+
+
 @pytest.mark.slow
 def test_two_processes_killed_mid_epoch_resume_to_the_same_parameters(tmp_path):
     # Global batch 256 = 128 per process: 16 steps per epoch, as above.

@@ -90,6 +90,29 @@ def test_start_resumes_mid_epoch(backend):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("processes", [1, 2, 4])
+def test_a_resume_on_another_process_count_continues_the_same_global_batches(
+    backend, processes, reference
+):
+    # Elastic resume: written by 1 process x 400 rows, resumed at batch 3 by
+    # `processes` x 400/processes. Batch by batch, the processes' valid rows in
+    # process order are the global batch the single process would have read.
+    local, start = 400 // processes, 3
+    shards = [
+        loaders.make(backend, **DATASET, seed=5, batch_size=local,
+                     process_index=p, process_count=processes)
+        for p in range(processes)
+    ]  # fmt: skip
+    epochs = [_epoch(shard, 1, start=start) for shard in shards]
+    expected = reference(5, 400, epoch=1)[start:]
+    assert {len(e) for e in epochs} == {len(expected)}
+    for step, whole in enumerate(expected):
+        for field in ("image", "label"):
+            joined = np.concatenate([e[step][field][e[step]["mask"]] for e in epochs])
+            np.testing.assert_array_equal(joined, whole[field][whole["mask"]])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_unshuffled_order_is_dataset_order(backend):
     source = loaders.make(
         backend, dataset="mnist-sample", split="test", batch_size=300, shuffle=False
