@@ -24,15 +24,17 @@ by the system when the process dies, so a killed run leaves no stale lock).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import fcntl
 import json
 import os
+import re
 import socket
 import time
 import warnings
 import zlib
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -44,7 +46,8 @@ LOCK_FILE = "jaxfeed.lock"
 
 
 class CheckpointError(ValueError):
-    """No checkpoint in the directory can be trusted: each is damaged or unreadable."""
+    """No checkpoint in the directory can be trusted (each is damaged or
+    unreadable), or one could not be written (disk full, read-only)."""
 
 
 class _Damaged(Exception):
@@ -153,6 +156,15 @@ def fingerprints(tree: Any) -> dict[str, dict[str, Any]]:
 def _first_line(error: BaseException) -> str:
     text = str(error).strip().splitlines()
     return f"{type(error).__name__}: {text[0][:300]}" if text else type(error).__name__
+
+
+def _write_failure(error: BaseException) -> str:
+    """The system's reason a write failed ("No space left on device"), also from
+    TensorStore, whose errors carry it as ``os_error_code='28'``."""
+    code = getattr(error, "errno", None)
+    if code is None and (found := re.search(r"os_error_code='(\d+)'", str(error))):
+        code = int(found[1])
+    return f"{os.strerror(code)} (errno {code})" if code else _first_line(error)
 
 
 def _lock(directory: Path) -> Any:
@@ -283,6 +295,27 @@ class Checkpointer:
             self._unlock()
             raise
         self.last_step: int | None = self._manager.latest_step()
+        self._written: int | None = self.last_step  # the newest checkpoint complete on disk
+
+    @contextlib.contextmanager
+    def _writing(self, step: int | None) -> Iterator[None]:
+        """Turns a failed write of ``step`` (a full disk, a read-only or
+        vanished directory) into one `CheckpointError` line that says so."""
+        try:
+            yield
+        except Exception as error:
+            kept = (
+                f"the newest complete checkpoint is step {self._written}"
+                if self._written is not None
+                else "no checkpoint was completed"
+            )
+            raise CheckpointError(
+                f"could not write the checkpoint of step {step} in {self.directory}: "
+                f"{_write_failure(error)}. Free space there or pick a writable "
+                f"--checkpoint-dir; {kept}"
+            ) from error
+        if step is not None and step == self.last_step:
+            self._written = step
 
     def save(
         self,
@@ -321,7 +354,9 @@ class Checkpointer:
         }
         if data_state is not None:
             items["data"] = ocp.args.JsonSave(data_state)
-        self._manager.save(step, args=ocp.args.Composite(**items))
+        self.wait()  # the previous save: its failure is named by its own step
+        with self._writing(step):
+            self._manager.save(step, args=ocp.args.Composite(**items))
         self.last_step = step
         return True
 
@@ -431,8 +466,13 @@ class Checkpointer:
         )
 
     def wait(self) -> None:
-        """Blocks until the save in progress is written."""
-        self._manager.wait_until_finished()
+        """Blocks until the save in progress is written.
+
+        Raises:
+          CheckpointError: it could not be written.
+        """
+        with self._writing(self.last_step):
+            self._manager.wait_until_finished()
 
     def close(self) -> None:
         """Waits for the save in progress to be written, then releases Orbax's

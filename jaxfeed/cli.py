@@ -17,8 +17,9 @@ import logging
 import os
 import sys
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 from jaxfeed.cli_args import (
     DATA_DIR_HELP,
@@ -169,6 +170,29 @@ def _quiet_libraries() -> None:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     # A no-op where logging is already set up (an embedding program, pytest).
     logging.basicConfig(level=logging.ERROR, format="%(name)s: %(levelname)s: %(message)s")
+    # A failed checkpoint write is named in one line (``--debug`` shows the rest):
+    # Orbax logs its save thread's traceback, and TensorStore's late callbacks into
+    # Orbax's closed event loop print more, unraisable, or unretrieved.
+    logging.getLogger("absl").addFilter(_not_an_orbax_thread_traceback)
+    logging.getLogger("asyncio").addFilter(_not_an_unretrieved_future)
+    sys.unraisablehook = _without_closed_loop_callbacks(sys.unraisablehook)
+
+
+def _not_an_orbax_thread_traceback(record: logging.LogRecord) -> bool:
+    return not (record.exc_info and f"{os.sep}orbax{os.sep}" in record.pathname)
+
+
+def _not_an_unretrieved_future(record: logging.LogRecord) -> bool:
+    return "exception was never retrieved" not in str(record.msg)  # a Future's or a Task's
+
+
+def _without_closed_loop_callbacks(hook: Callable[[Any], None]) -> Callable[[Any], None]:
+    def unless_closed_loop(unraisable: Any) -> None:
+        error = unraisable.exc_value
+        if not (isinstance(error, RuntimeError) and str(error) == "Event loop is closed"):
+            hook(unraisable)
+
+    return unless_closed_loop
 
 
 @contextlib.contextmanager

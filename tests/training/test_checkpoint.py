@@ -334,3 +334,30 @@ def test_a_one_device_checkpoint_resumes_on_eight_devices(tmp_path):
     assert np.max(np.abs(got - want)) <= 1e-5 * np.max(np.abs(want))
     for a, b in zip(whole.history, resumed.history, strict=True):
         assert b["loss"] == pytest.approx(a["loss"], rel=1e-5)
+
+
+def test_a_failed_write_names_its_step_and_the_newest_complete_checkpoint(tmp_path):
+    # The subprocess test fills a "disk" for real (test_resume.py); this one checks
+    # which checkpoint the message says is still there.
+    import errno
+
+    checkpointer = Checkpointer(Checkpointing(tmp_path / "run"), {}, {"processes": 1, "devices": 1})
+    state, totals = {"w": jnp.ones((4, 3))}, {"loss": jnp.zeros(())}
+    kwargs = dict(epoch=0, history=[], data_state=None)
+    try:
+        assert checkpointer.save(3, state, totals, next_batch=3, **kwargs)
+        checkpointer.wait()
+
+        def full_disk(*args, **kwargs):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+        checkpointer._manager.save = full_disk
+        with pytest.raises(
+            CheckpointError,
+            match=r"could not write the checkpoint of step 6 in .*/run: No space left on device "
+            r"\(errno 28\)\. Free space there .*; the newest complete checkpoint is step 3$",
+        ):
+            checkpointer.save(6, state, totals, next_batch=6, **kwargs)
+    finally:
+        checkpointer.close()
+    assert latest(tmp_path / "run")["step"] == 3

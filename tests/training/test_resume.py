@@ -12,6 +12,7 @@ wait has a hard timeout.
 import os
 import random
 import re
+import resource
 import signal
 import subprocess
 import sys
@@ -237,6 +238,35 @@ def test_a_signal_saves_a_checkpoint_of_its_step_exits_and_resumes(
     resumed_from, params = _resume(directory, "--devices", "1")
     assert resumed_from == int(stopped[1])
     _assert_bit_identical(params, reference("--devices", "1"), stopped[0])
+
+
+def test_a_checkpoint_that_cannot_be_written_stops_the_run_at_once(tmp_path):
+    # A full disk, simulated with a file-size limit (no root needed): every write
+    # past 100 kB fails with EFBIG, as one past the free space fails with ENOSPC.
+    # Once, Orbax's failed save threads printed a 155-line traceback, and a
+    # read-only directory left the run waiting for good.
+    def limit_file_size() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a failed write, not a killed process
+        resource.setrlimit(resource.RLIMIT_FSIZE, (100_000, 100_000))
+
+    directory = tmp_path / "checkpoints"
+    env = {**os.environ, "PYTHONPATH": str(REPO), "JAX_PLATFORMS": "cpu"}
+    started = time.monotonic()
+    run = subprocess.run(
+        [sys.executable, *_train(*RUN, "--checkpoint-dir", str(directory),
+                                 "--checkpoint-every", "5")],
+        capture_output=True, text=True, env=env, preexec_fn=limit_file_size,
+        timeout=HARD_TIMEOUT,
+    )  # fmt: skip
+    assert run.returncode == 2, run.stderr
+    assert time.monotonic() - started < 60  # no thread left waiting
+    assert run.stderr.strip().splitlines()[-1] == (
+        f"jaxfeed: error: could not write the checkpoint of step 5 in {directory}: File too "
+        f"large (errno 27). Free space there or pick a writable --checkpoint-dir; no "
+        f"checkpoint was completed"
+    ), run.stderr
+    assert "Traceback" not in run.stderr, run.stderr
+    assert _steps(directory) == []  # nothing that looks complete
 
 
 def _job(tmp_path: Path, name: str, *args: str) -> tuple[list[subprocess.Popen], list[Path]]:
