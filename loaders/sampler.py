@@ -5,6 +5,13 @@ One global permutation per epoch; global batch ``s`` is the contiguous slice
 reads the ``p``-th contiguous ``batch_size`` rows of it. So the global batch
 is the concatenation of the process batches in process order, and equals the
 single-process batch of size ``G`` with the same seed.
+
+The permutation is either a full one (``shuffle=True``: every row anywhere,
+one random read per row when the data is on disk) or a block one
+(``shuffle="blocks"``: contiguous blocks of rows in a random order, and the
+rows shuffled within each window of consecutive blocks, so a reader touches
+few, long, contiguous runs at a time: disk-speed reads of data bigger than
+memory, at the price of batches drawn from one window's blocks).
 """
 
 from __future__ import annotations
@@ -45,6 +52,18 @@ def check_seed(seed: object) -> int:
     return check_int("seed", seed, 0, MAX_SEED, "; pick a seed in that 32-bit range")
 
 
+SHUFFLES = (True, False, "blocks")
+DEFAULT_WINDOW_BLOCKS = 16
+"""Blocks whose rows are shuffled together in ``shuffle="blocks"``."""
+DEFAULT_BLOCK_BYTES = 1 << 20
+"""A block's size when ``block_rows`` is not given: one long read off a disk."""
+
+
+def default_block_rows(row_bytes: int) -> int:
+    """Rows of about `DEFAULT_BLOCK_BYTES` (1 MiB), at least one."""
+    return max(1, DEFAULT_BLOCK_BYTES // max(1, row_bytes))
+
+
 def check_position(epoch: object, start: object, num_batches: int | None) -> tuple[int, int]:
     """``(epoch, start)`` as ints, if batch ``start`` of ``epoch`` can be read.
 
@@ -74,7 +93,11 @@ class Sampler:
       num_examples: size of the split.
       batch_size: process-local batch size.
       seed: with the epoch number, defines the permutation.
-      shuffle: permute each epoch; otherwise dataset order.
+      shuffle: ``True``: a full permutation each epoch; ``"blocks"``: a block
+        permutation each epoch (see the module); ``False``: dataset order.
+      block_rows: rows per block, for ``shuffle="blocks"`` only (required there).
+      window_blocks: consecutive blocks (in their shuffled order) whose rows
+        are shuffled together, for ``shuffle="blocks"`` only.
       drop_remainder: drop the last partial global batch; otherwise pad it.
       process_index: this process, in ``[0, process_count)``.
       process_count: number of processes sharing the epoch.
@@ -89,12 +112,15 @@ class Sampler:
     num_examples: int
     batch_size: int
     seed: int = 0
-    shuffle: bool = True
+    shuffle: bool | str = True
     drop_remainder: bool = False
     process_index: int = 0
     process_count: int = 1
+    block_rows: int | None = None
+    window_blocks: int | None = None
 
     def __post_init__(self) -> None:
+        self._check_shuffle()
         # Normalised to Python ints: numpy integers are accepted, and a bool
         # or a float is refused here rather than while slicing an epoch.
         for name, value in (
@@ -118,6 +144,24 @@ class Sampler:
                 f"{self.num_examples} examples; use batch_size <= "
                 f"{self.num_examples // self.process_count}"
             )
+
+    def _check_shuffle(self) -> None:
+        if not any(self.shuffle is choice or self.shuffle == choice for choice in SHUFFLES):
+            raise ValueError(f"shuffle must be True, False or 'blocks', got {self.shuffle!r}")
+        if self.shuffle != "blocks":
+            given = [n for n in ("block_rows", "window_blocks") if getattr(self, n) is not None]
+            if given:
+                raise ValueError(
+                    f"{' and '.join(given)} only apply to shuffle='blocks' (got shuffle="
+                    f"{self.shuffle!r}); leave them out or pass shuffle='blocks'"
+                )
+            return
+        if self.block_rows is None:
+            raise ValueError("shuffle='blocks' needs block_rows, the rows of one block")
+        block_rows = check_int("block_rows", self.block_rows, 1)
+        window = self.window_blocks if self.window_blocks is not None else DEFAULT_WINDOW_BLOCKS
+        object.__setattr__(self, "block_rows", block_rows)
+        object.__setattr__(self, "window_blocks", check_int("window_blocks", window, 1))
 
     @property
     def global_batch_size(self) -> int:
@@ -145,7 +189,25 @@ class Sampler:
         if not self.shuffle:
             return np.arange(self.num_examples, dtype=np.int64)
         # SeedSequence((seed, epoch)): independent, reproducible stream per epoch.
-        return np.random.default_rng((self.seed, epoch)).permutation(self.num_examples)
+        rng = np.random.default_rng((self.seed, epoch))
+        if self.shuffle == "blocks":
+            return self._block_permutation(rng)
+        return rng.permutation(self.num_examples)
+
+    def _block_permutation(self, rng: np.random.Generator) -> np.ndarray:
+        """Whole blocks in a random order, then each window of ``window_blocks``
+        consecutive blocks' rows shuffled among themselves."""
+        n, rows_per_block = self.num_examples, self.block_rows
+        starts = rng.permutation(-(-n // rows_per_block)) * rows_per_block
+        lengths = np.minimum(rows_per_block, n - starts)
+        ends = np.cumsum(lengths)  # where each block ends in the epoch's order
+        # Each block's rows, in its shuffled place: position - where it lands + where it starts.
+        order = np.arange(n, dtype=np.int64) + np.repeat(starts - (ends - lengths), lengths)
+        lo = 0
+        for hi in [*ends[self.window_blocks - 1 :: self.window_blocks], n]:
+            rng.shuffle(order[lo:hi])  # in place, a view
+            lo = hi
+        return order
 
     def num_valid(self, step: int) -> int:
         """The real rows of this process's batch ``step`` of any epoch (the

@@ -11,7 +11,7 @@ from typing import Any
 
 from jaxfeed.loaders.data.catalog import DatasetLike, load_dataset
 from jaxfeed.loaders.protocol import BatchSource
-from jaxfeed.loaders.sampler import Sampler, check_batch_size, check_seed
+from jaxfeed.loaders.sampler import Sampler, check_batch_size, check_seed, default_block_rows
 
 
 @dataclasses.dataclass(frozen=True)
@@ -142,11 +142,13 @@ def make(
     split: str = "train",
     batch_size: int = 128,
     seed: int = 0,
-    shuffle: bool = True,
+    shuffle: bool | str = True,
     drop_remainder: bool = False,
     data_dir: str | os.PathLike | None = None,
     process_index: int = 0,
     process_count: int = 1,
+    block_rows: int | None = None,
+    window_blocks: int | None = None,
     **backend_options: Any,
 ) -> BatchSource:
     """A `BatchSource` reading ``dataset``/``split`` through ``backend``.
@@ -164,10 +166,17 @@ def make(
       split: ``"train"`` or ``"test"`` (for names and directories).
       batch_size: process-local batch size.
       seed: with the epoch number, defines the order.
-      shuffle: a new permutation every epoch.
+      shuffle: ``True``: a new full permutation every epoch. ``"blocks"``: a
+        new block permutation every epoch, for data on disk that is bigger
+        than memory: blocks of ``block_rows`` contiguous rows (default: about
+        1 MiB of rows) in a random order, with the rows of each
+        ``window_blocks`` consecutive blocks (default 16) shuffled together,
+        so reads are long and contiguous (see docs/data.md). ``False``:
+        dataset order.
       drop_remainder: drop the last partial batch instead of padding it.
       data_dir: directory holding the IDX files (else resolved; see docs/data.md).
       process_index, process_count: this process's slice of each global batch.
+      block_rows, window_blocks: the blocks of ``shuffle="blocks"``.
       **backend_options: passed to the backend (e.g. ``num_workers``).
 
     Returns:
@@ -195,6 +204,8 @@ def make(
     check_batch_size(batch_size)
     check_seed(seed)
     data = load_dataset(dataset, split, data_dir=data_dir)
+    if shuffle == "blocks" and block_rows is None:
+        block_rows = default_block_rows(sum(a[:1].nbytes for a in data.arrays.values()))
     try:
         sampler = Sampler(
             num_examples=len(data),
@@ -204,6 +215,8 @@ def make(
             drop_remainder=drop_remainder,
             process_index=process_index,
             process_count=process_count,
+            block_rows=block_rows,
+            window_blocks=window_blocks,
         )
     except ValueError as err:  # the sampler knows sizes, not names: say which split
         raise ValueError(f"dataset {data.name.rsplit('/', 1)[0]}, {split} split: {err}") from None

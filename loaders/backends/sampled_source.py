@@ -41,6 +41,11 @@ class SampledSource(abc.ABC):
             )
         if order not in self.ORDERS:
             raise ValueError(f"order must be one of {self.ORDERS}, got {order!r}")
+        if order == "native" and sampler.shuffle == "blocks":
+            raise ValueError(
+                "shuffle='blocks' is the shared sampler's order; order='native' shuffles "
+                "with the framework's own full shuffle. Pick one of them"
+            )
         self.dataset = dataset
         self.sampler = sampler
         self.order = order

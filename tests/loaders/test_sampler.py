@@ -86,3 +86,51 @@ def test_bad_arguments_raise_clear_errors(kwargs, match):
 def test_start_out_of_range():
     with pytest.raises(ValueError, match=r"start=9 is outside \[0, 3\], the batches of one"):
         next(Sampler(10, 4).epoch_plan(0, start=9))
+
+
+@pytest.mark.parametrize(("n", "block_rows", "window"), [(23, 5, 2), (1000, 7, 16), (64, 64, 1)])
+def test_block_order_shuffles_whole_blocks_then_rows_within_each_window(n, block_rows, window):
+    sampler = Sampler(n, 4, seed=3, shuffle="blocks", block_rows=block_rows, window_blocks=window)
+    first, second = sampler.permutation(0), sampler.permutation(1)
+    assert sorted(first) == list(range(n))  # every row once
+    assert not np.array_equal(first, second) or n <= block_rows  # a new order every epoch
+    np.testing.assert_array_equal(first, sampler.permutation(0))  # reproducible
+
+    # Walk the epoch: each window holds `window` whole blocks (the last: what is left).
+    def size(block: int) -> int:
+        return min(block_rows, n - block * block_rows)
+
+    window_blocks, rows = set(), 0
+    for row in first.tolist():
+        if row // block_rows not in window_blocks:
+            assert len(window_blocks) < window, "a window reaches into another block"
+            window_blocks.add(row // block_rows)
+        rows += 1
+        if len(window_blocks) == window and rows == sum(map(size, window_blocks)):
+            window_blocks, rows = set(), 0  # this window is whole: the next one starts
+    assert rows == sum(map(size, window_blocks))
+
+
+def test_block_order_reads_long_runs_and_mixes_less_than_a_full_permutation():
+    n, batch = 100_000, 256
+    full = Sampler(n, batch, seed=0).permutation(0)
+    blocks = Sampler(n, batch, seed=0, shuffle="blocks", block_rows=1000).permutation(0)
+    # Rows of one batch come from at most a window's 16 blocks, not from all 100.
+    per_batch = [len(np.unique(blocks[i : i + batch] // 1000)) for i in range(0, n, batch)]
+    assert max(per_batch) <= 16 * 2  # a batch may straddle two windows
+    assert len(np.unique(full[:batch] // 1000)) > 80
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        (dict(shuffle="windows"), r"shuffle must be True, False or 'blocks', got 'windows'"),
+        (dict(shuffle="blocks"), r"shuffle='blocks' needs block_rows"),
+        (dict(shuffle=True, block_rows=8), r"block_rows only apply to shuffle='blocks'"),
+        (dict(shuffle="blocks", block_rows=0), r"block_rows must be an int >= 1, got 0"),
+        (dict(shuffle="blocks", block_rows=8, window_blocks=0), r"window_blocks must be an int"),
+    ],
+)
+def test_block_order_arguments_are_checked(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        Sampler(100, 4, **kwargs)

@@ -113,6 +113,32 @@ def test_a_resume_on_another_process_count_continues_the_same_global_batches(
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_block_order_is_byte_identical_across_backends_and_resumes_exactly(backend):
+    # shuffle="blocks" is the shared sampler's order, so the whole contract holds.
+    blocks = dict(shuffle="blocks", block_rows=300, window_blocks=3)
+    source = loaders.make(backend, **DATASET, batch_size=256, seed=4, **blocks)
+    numpy = loaders.make("numpy", **DATASET, batch_size=256, seed=4, **blocks)
+    epochs = [_epoch(source, 0), _epoch(source, 1)]
+    for epoch in (0, 1):
+        assert_same_batches(epochs[epoch], _epoch(numpy, epoch))
+    assert not np.array_equal(epochs[0][0]["image"], epochs[1][0]["image"])  # a new order
+    assert_same_batches(_epoch(source, 1, start=6), epochs[1][6:])
+    # Each batch draws from one window (3 blocks of 300 rows), or two where it straddles.
+    index = {
+        row.tobytes(): i
+        for i, row in enumerate(loaders.load_dataset("mnist-sample", "train")["image"])
+    }
+    for batch in epochs[0][:5]:
+        rows = [index[row.tobytes()] for row in batch["image"][batch["mask"]]]
+        assert len({r // 300 for r in rows}) <= 6
+
+
+def test_block_order_refuses_a_framework_shuffle():
+    with pytest.raises(ValueError, match=r"shuffle='blocks' is the shared sampler's order"):
+        loaders.make("torch", **DATASET, shuffle="blocks", order="native")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_unshuffled_order_is_dataset_order(backend):
     source = loaders.make(
         backend, dataset="mnist-sample", split="test", batch_size=300, shuffle=False
