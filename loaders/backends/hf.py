@@ -1,10 +1,16 @@
 """Hugging Face backend: a `datasets.Dataset` in Arrow, memory-mapped from the cache.
 
-The split is written once as an Arrow dataset directory (``save_to_disk``)
-under ``cache_root()/"hf"``, keyed by its content, and read back with
-``load_from_disk``. Rows are gathered in sampler order, several batches per
-call (`BYTES_PER_TAKE`): Arrow's ``take`` on the dataset's table (default),
-or ``ds[indices]``; each batch is then a numpy view of the gathered rows.
+The split is written once as one Arrow file under ``cache_root()/"hf"``,
+keyed by its content (an on-disk dataset by its files' identity), and opened
+with ``Dataset.from_file``, which memory-maps it. The file is written
+streaming, straight from the dataset's buffers (memory-mapped ones too) as
+one record batch, so the conversion holds no copy in memory and runs at disk
+speed, with a progress bar for large data. Rows are gathered in sampler
+order, several batches per call (`BYTES_PER_TAKE`): Arrow's ``take`` on the
+dataset's table (default), or ``ds[indices]``; each batch is then a numpy
+view of the gathered rows. One record batch means ``take`` reads only the
+rows it gathers: a table of many chunks would be joined, a copy of the whole
+split, on every call.
 
 Batches are read in ``"arrow"`` format and turned into numpy zero-copy: the
 ``"numpy"`` format upcasts every integer column to int64 and is much slower.
@@ -18,7 +24,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import datasets
 import numpy as np
@@ -27,12 +33,19 @@ from jaxfeed.loaders.array_dataset import ArrayDataset
 from jaxfeed.loaders.backends.sampled_source import SampledSource
 from jaxfeed.loaders.data.cache import build_once, cache_entry
 from jaxfeed.loaders.sampler import Sampler
+from tqdm import tqdm
 
 OPTIONS = ("order", "read")
 READS = ("take", "getitem")
 # Bump when the stored layout changes: old caches are then not reused.
 # v2: entries carry a manifest (jaxfeed.loaders.data.cache.build_once).
-LAYOUT_VERSION = "v2"
+# v3: one Arrow file of one record batch, written streaming (Dataset.from_file).
+LAYOUT_VERSION = "v3"
+ARROW_FILE = "data.arrow"
+# Written to disk in slices of this size, so the progress bar moves.
+_WRITE_SLICE = 64 << 20
+# Conversions at least this large show a progress bar.
+_PROGRESS_BYTES = 256 << 20
 # Rows gathered per Arrow call. A take and its conversion to numpy cost more
 # per call than copying a whole 128-image batch (pyarrow 26, datasets 5.2), so
 # small batches share a call; the cap bounds the memory one call holds.
@@ -52,7 +65,7 @@ class HFSource(SampledSource):
         ``"getitem"``: ``ds[indices]``, the `datasets` row access; it slices
         out every row separately and joins them, which is much slower.
         Either way one call gathers as many whole batches as fit in
-        `BYTES_PER_TAKE` (at least one).
+        `BYTES_PER_TAKE` (at least one), and only those rows are read.
     """
 
     def __init__(
@@ -63,10 +76,11 @@ class HFSource(SampledSource):
             raise ValueError(f"read must be one of {READS}, got {read!r}")
         self.read = read
         self.path = arrow_cache(dataset)
-        self.rows = datasets.load_from_disk(str(self.path)).with_format("arrow")
-        # The cache file holds 1,000-row record batches, and take() on a chunked
-        # table joins all chunks on every call: join them once instead.
-        self._table = self.rows[:].combine_chunks() if read == "take" else None
+        with _no_progress_bars():
+            rows = datasets.Dataset.from_file(str(self.path / ARROW_FILE))
+        self.rows = rows.with_format("arrow")
+        # The file's one record batch, memory-mapped: a view, not a copy.
+        self._table = self.rows.data.table if read == "take" else None
 
     def _fetch(self, index_batches: Sequence[np.ndarray]) -> Iterator[Mapping[str, np.ndarray]]:
         row_bytes = sum(array[:1].nbytes for array in self.dataset.arrays.values())
@@ -116,37 +130,76 @@ def cache_path(dataset: ArrayDataset) -> Path:
 
 
 def arrow_cache(dataset: ArrayDataset) -> Path:
-    """The Arrow dataset directory holding ``dataset``, written once (`build_once`).
+    """The cache directory holding ``dataset`` as `ARROW_FILE`, written once (`build_once`).
 
     Returns:
-      A directory that ``datasets.load_from_disk`` reads.
+      A directory whose `ARROW_FILE` ``datasets.Dataset.from_file`` opens.
 
     Raises:
       ValueError: the copy is not there yet and the cache is not writable.
       RuntimeError: the copy fails its manifest (a truncated or changed file);
         the message names the directory to delete.
     """
-    features = {}
-    for key, array in dataset.arrays.items():
-        value = datasets.Value(array.dtype.name)
-        # A field with several values per row is a fixed-size list of them,
-        # reshaped on the way out (free); ArrayND features read back far slower.
-        width = int(np.prod(array.shape[1:]))
-        features[key] = value if array.ndim == 1 else datasets.Sequence(value, length=width)
 
     def build(scratch: Path) -> None:
-        # Arrow arrays straight from the buffers: no per-row Python.
-        columns = {}
-        for key, array in dataset.arrays.items():
-            flat = pa.array(array.reshape(-1))
-            if array.ndim > 1:
-                flat = pa.FixedSizeListArray.from_arrays(flat, int(np.prod(array.shape[1:])))
-            columns[key] = flat
-        with _no_progress_bars():
-            rows = datasets.Dataset.from_dict(columns, features=datasets.Features(features))
-            rows.save_to_disk(str(scratch))
+        table = pa.Table.from_batches([_record_batch(dataset)])
+        total = sum(buffer.size for column in table.columns for chunk in column.chunks
+                    for buffer in chunk.buffers() if buffer is not None)  # fmt: skip
+        with (
+            open(scratch / ARROW_FILE, "wb") as file,
+            tqdm(total=total, unit="B", unit_scale=True, desc=f"Arrow copy of {dataset.name}",
+                 disable=total < _PROGRESS_BYTES) as bar,
+            pa.ipc.new_stream(pa.PythonFile(_Sliced(file, bar), mode="w"), table.schema) as out,
+        ):  # fmt: skip
+            out.write_table(table)
 
     return build_once(cache_path(dataset), build)
+
+
+def _record_batch(dataset: ArrayDataset) -> pa.RecordBatch:
+    """The dataset as one Arrow record batch over its own buffers (no copy,
+    except bools, which Arrow packs into bits), with the HF features that
+    ``datasets`` reads back: a field with several values per row is a
+    fixed-size list of them, reshaped on the way out (``ArrayND`` features
+    read back far slower)."""
+    features, columns = {}, []
+    for key, array in dataset.arrays.items():
+        value = datasets.Value(array.dtype.name)
+        width = int(np.prod(array.shape[1:]))
+        features[key] = value if array.ndim == 1 else datasets.Sequence(value, length=width)
+        flat = array.reshape(-1)
+        if array.dtype == np.bool_:
+            values = pa.array(flat)
+        else:
+            values = pa.Array.from_buffers(pa.from_numpy_dtype(array.dtype), len(flat),
+                                           [None, pa.py_buffer(flat)])  # fmt: skip
+        columns.append(
+            values if array.ndim == 1 else pa.FixedSizeListArray.from_arrays(values, width)
+        )
+    schema = datasets.Features(features).arrow_schema
+    return pa.RecordBatch.from_arrays(columns, schema=schema)
+
+
+class _Sliced:
+    """A binary file that writes in `_WRITE_SLICE` pieces and counts them on a bar."""
+
+    def __init__(self, file: BinaryIO, bar: tqdm) -> None:
+        self._file, self._bar = file, bar
+        self.closed = False
+
+    def write(self, data: Any) -> int:
+        view = memoryview(data).cast("B")
+        for start in range(0, len(view), _WRITE_SLICE):
+            piece = view[start : start + _WRITE_SLICE]
+            self._file.write(piece)
+            self._bar.update(len(piece))
+        return len(view)
+
+    def flush(self) -> None:
+        self._file.flush()
+
+    def close(self) -> None:
+        self.closed = True  # the caller closes the file
 
 
 @contextlib.contextmanager

@@ -12,6 +12,7 @@ from collections.abc import Iterator, Mapping, Sequence
 
 import numpy as np
 from jaxfeed.loaders.array_dataset import ArrayDataset
+from jaxfeed.loaders.disk_read_ahead import DiskReadAhead
 from jaxfeed.loaders.protocol import MASK_KEY, ArraySpec, Batch
 from jaxfeed.loaders.sampler import Sampler
 
@@ -85,9 +86,16 @@ class SampledSource(abc.ABC):
 
     def _iter_sampler(self, epoch: int, start: int) -> Iterator[Batch]:
         plan = list(self.sampler.epoch_plan(epoch, start))
-        fetched = self._fetch([indices for indices, _ in plan])
-        for (_, num_valid), batch in zip(plan, fetched, strict=True):
-            yield self._finish(batch, num_valid)
+        index_batches = [indices for indices, _ in plan]
+        # On-disk fields: the kernel starts reading the next batches' rows early.
+        ahead = DiskReadAhead(list(self.dataset.arrays.values()), index_batches)
+        try:
+            fetched = self._fetch(index_batches)
+            for step, ((_, num_valid), batch) in enumerate(zip(plan, fetched, strict=True)):
+                ahead.reached(step)
+                yield self._finish(batch, num_valid)
+        finally:
+            ahead.close()
 
     def _iter_native(self, epoch: int, start: int) -> Iterator[Batch]:
         for batch in itertools.islice(self._native_batches(epoch), start, None):

@@ -1,10 +1,14 @@
-"""TensorFlow backend: tf.data over a TFDS-format copy of the dataset.
+"""TensorFlow backend: tf.data over a TFDS-format copy of the dataset, or over
+the dataset's own files when it is on disk.
 
-The split is stored once as a real TFDS dataset (``tfrecord`` files plus
-``dataset_info.json``, see `jaxfeed.loaders.backends.tfds_store`), read back whole with
-``tfds.builder_from_directory(...).as_dataset`` and held as tensors. Batches
-come from one long-lived tf.data iterator per source that gathers the
-sampler's index batches with ``tf.gather`` (see `_Pipeline`).
+A dataset held in memory is stored once as a real TFDS dataset (``tfrecord``
+files plus ``dataset_info.json``, see `jaxfeed.loaders.backends.tfds_store`),
+read back whole with ``tfds.builder_from_directory(...).as_dataset`` and held
+as tensors. A dataset on disk (memory-mapped fields, e.g. a directory of
+``.npy`` files) may be bigger than memory: tf.data reads its rows in place,
+through ``tf.numpy_function``, with no copy to convert and none held. Either
+way batches come from one long-lived tf.data iterator per source that
+gathers the sampler's index batches (see `_Pipeline`).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import numpy as np
 from jaxfeed.loaders.array_dataset import ArrayDataset
 from jaxfeed.loaders.backends.sampled_source import SampledSource
 from jaxfeed.loaders.backends.tfds_store import import_tensorflow, import_tfds, split_name, store
+from jaxfeed.loaders.data.on_disk import file_rows
 from jaxfeed.loaders.sampler import Sampler
 
 OPTIONS = ("order",)
@@ -25,11 +30,22 @@ BYTES_PER_STEP = 4 << 20  # images gathered per tf.data element (see _Pipeline)
 
 
 def _gather(fields: Mapping[str, Any], indices: Any, batch_size: int) -> dict[str, Any]:
-    """Several batches at once: one vectorised ``tf.gather`` per field, shaped
-    ``[batches, batch_size, ...]``."""
+    """Several batches at once, shaped ``[batches, batch_size, ...]``: one
+    vectorised ``tf.gather`` per tensor field, and one ``tf.numpy_function``
+    that reads the rows of every on-disk (numpy) field in place."""
     tf = import_tensorflow()
+    on_disk = [key for key, column in fields.items() if isinstance(column, np.ndarray)]
+    rows = {key: tf.gather(column, indices) for key, column in fields.items() if key not in on_disk}
+    if on_disk:
+        read = tf.numpy_function(
+            lambda at: [fields[key][at] for key in on_disk],
+            [indices],
+            [tf.as_dtype(fields[key].dtype) for key in on_disk],
+            stateful=False,
+        )
+        rows.update(zip(on_disk, read, strict=True))
     return {
-        key: tf.reshape(tf.gather(column, indices), [-1, batch_size, *column.shape[1:]])
+        key: tf.reshape(rows[key], [-1, batch_size, *column.shape[1:]])
         for key, column in fields.items()
     }
 
@@ -49,7 +65,8 @@ class _Pipeline:
 
     def __init__(self, fields: Mapping[str, Any], num_batches: int, batch_size: int):
         tf = import_tensorflow()
-        row_bytes = sum(int(np.prod(c.shape[1:])) * c.dtype.size for c in fields.values())
+        row_bytes = sum(int(np.prod(c.shape[1:])) * np.dtype(c.dtype.name).itemsize
+                        for c in fields.values())  # fmt: skip
         batch_bytes = max(1, batch_size * row_bytes)
         self.per_step = max(1, min(BYTES_PER_STEP // batch_bytes, num_batches))
         self.steps = -(-num_batches // self.per_step)
@@ -86,7 +103,8 @@ class _Pipeline:
 
 
 class TfSource(SampledSource):
-    """Batches from a tf.data pipeline over a TFDS-format copy of the dataset.
+    """Batches from a tf.data pipeline over a TFDS-format copy of the dataset,
+    or over its files, read in place, when it is on disk.
 
     Args:
       dataset, sampler, order: see `SampledSource`. ``order="sampler"``: the
@@ -105,6 +123,13 @@ class TfSource(SampledSource):
 
     def __init__(self, dataset: ArrayDataset, sampler: Sampler, order: str = "sampler"):
         super().__init__(dataset, sampler, order)
+        self._idle: list[_Pipeline] = []  # one per epoch read at once (normally one)
+        self._lock = threading.Lock()
+        if any(file_rows(array) is not None for array in dataset.arrays.values()):
+            # On disk: read in place (a TFDS copy would double the disk and take minutes).
+            self.builder_dir = None
+            self._fields = dict(dataset.arrays)
+            return
         self.builder_dir = store(dataset, "tfrecord")
         builder = import_tfds().builder_from_directory(self.builder_dir)
         split = builder.as_dataset(split=split_name(dataset), batch_size=-1)
@@ -117,9 +142,6 @@ class TfSource(SampledSource):
                 f"delete that directory (rm -r '{entry}') and run again to rebuild it"
             )
         self._fields = {key: split[key] for key in dataset.arrays}
-        # One pipeline per epoch being read at the same time (normally just one).
-        self._idle: list[_Pipeline] = []
-        self._lock = threading.Lock()
 
     def _fetch(self, index_batches: Sequence[np.ndarray]) -> Iterator[Mapping[str, np.ndarray]]:
         with self._lock:

