@@ -23,6 +23,7 @@ import numpy as np
 from jaxfeed.loaders.array_dataset import ArrayDataset
 from jaxfeed.loaders.backends.sampled_source import SampledSource
 from jaxfeed.loaders.backends.tfds_store import import_tfds, split_name, store
+from jaxfeed.loaders.data.on_disk import for_pickle, from_pickle
 from jaxfeed.loaders.protocol import Batch
 from jaxfeed.loaders.sampler import Sampler
 from jaxfeed.loaders.workers import children_ignore_stop_signals
@@ -42,6 +43,13 @@ class ArraySource:
     def __init__(self, arrays: Mapping[str, np.ndarray]):
         self.arrays = dict(arrays)
         self._rows = len(next(iter(self.arrays.values())))
+
+    def __getstate__(self) -> dict:
+        # Into a worker: an on-disk field as where it lies, not as all its bytes.
+        return {**self.__dict__, "arrays": for_pickle(self.arrays)}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state, arrays=from_pickle(state["arrays"]))
 
     def __len__(self) -> int:
         return self._rows

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 from jaxfeed.loaders.array_dataset import ArrayDataset
 from jaxfeed.loaders.backends.sampled_source import SampledSource
+from jaxfeed.loaders.data.on_disk import for_pickle, from_pickle
 from jaxfeed.loaders.read_ahead import END, pump
 from jaxfeed.loaders.sampler import Sampler
 from jaxfeed.loaders.workers import SPAWN
@@ -50,6 +51,13 @@ class ArrayTorchDataset(torch_data.Dataset):
     def __init__(self, arrays: Mapping[str, np.ndarray]):
         self.arrays = dict(arrays)
         self._rows = len(next(iter(self.arrays.values())))
+
+    def __getstate__(self) -> dict:
+        # Into a worker: an on-disk field as where it lies, not as all its bytes.
+        return {**self.__dict__, "arrays": for_pickle(self.arrays)}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state, arrays=from_pickle(state["arrays"]))
 
     def __len__(self) -> int:
         return self._rows

@@ -19,7 +19,15 @@ from typing import NamedTuple
 
 import numpy as np
 
-__all__ = ["FileRows", "file_rows", "identity", "load_npy_directory", "npy_directory"]
+__all__ = [
+    "FileRows",
+    "file_rows",
+    "for_pickle",
+    "from_pickle",
+    "identity",
+    "load_npy_directory",
+    "npy_directory",
+]
 
 SAMPLED_ROWS = 256
 """Rows hashed (evenly spaced, first and last included) into an on-disk field's identity."""
@@ -57,6 +65,36 @@ def file_rows(array: np.ndarray) -> FileRows | None:
     start = np.frombuffer(mapping, np.uint8).ctypes.data
     row_bytes = array[:1].nbytes if len(array) else 0
     return FileRows(os.fspath(mapped.filename), mapped_from + array.ctypes.data - start, row_bytes)
+
+
+class _Reopen(NamedTuple):
+    """An on-disk field in a pickle: where it lies, not its bytes."""
+
+    rows: FileRows
+    dtype: str
+    shape: tuple[int, ...]
+
+
+def for_pickle(arrays: dict[str, np.ndarray]) -> dict[str, object]:
+    """``arrays`` with every on-disk field replaced by where it lies: pickling a
+    memory-mapped array would copy all of its bytes into the pickle (into
+    every torch or Grain worker), `from_pickle` maps the file again."""
+    out: dict[str, object] = {}
+    for key, array in arrays.items():
+        rows = file_rows(array)
+        out[key] = array if rows is None else _Reopen(rows, array.dtype.str, array.shape)
+    return out
+
+
+def from_pickle(arrays: dict[str, object]) -> dict[str, np.ndarray]:
+    """The inverse of `for_pickle`: on-disk fields memory-mapped read-only again."""
+    out = {}
+    for key, value in arrays.items():
+        if isinstance(value, _Reopen):
+            value = np.memmap(value.rows.path, np.dtype(value.dtype), mode="r",
+                              offset=value.rows.offset, shape=value.shape)  # fmt: skip
+        out[key] = value
+    return out
 
 
 def identity(array: np.ndarray) -> bytes | None:

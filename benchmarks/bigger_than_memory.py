@@ -1,0 +1,238 @@
+"""Every backend reading an on-disk dataset, up to one bigger than this machine's RAM.
+
+    python3 benchmarks/bigger_than_memory.py --dir /tmp/jaxfeed-big     # behind docs/data.md
+    python3 benchmarks/bigger_than_memory.py --rows 1000000 --window 10 # a quick look
+
+For each size, writes a directory of ``image.npy`` (uint8 [N, 28, 28, 1],
+MNIST-shaped rows of 784 bytes, pseudo-random) and ``label.npy`` (int32) under
+``--dir`` (kept between runs, never in the repository), then measures, each
+in a fresh process with an empty ``JAXFEED_CACHE_DIR``:
+
+- the disk's limits, in the same run: sequential ``O_DIRECT`` reads (8 MiB
+  requests) and random 4 KiB ``O_DIRECT`` reads with 1 and 32 readers;
+- per backend and order (``shuffle=True``, the full permutation, and
+  ``shuffle="blocks"``): ``make()`` time (hf converts to Arrow: its MB/s),
+  rows/s and MB/s over the first ``--window`` seconds of an epoch (or the
+  whole epoch if shorter), cold (the files evicted from the page cache with
+  ``posix_fadvise(DONTNEED)`` first) and, for sizes that fit in memory, warm
+  (a second pass); and the peak RssAnon (anonymous memory: not the page
+  cache, which the kernel reclaims).
+
+Writes ``results/bigger-than-memory-<tag>.json`` and ``.txt``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import mmap
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+from common import write_record  # also puts the repo on sys.path
+
+ROW_BYTES = 28 * 28 + 4  # an image and its label
+BACKENDS = ("numpy", "torch", "tf", "grain", "hf")
+ORDERS = ("full", "blocks")
+
+
+def _count(n: int) -> str:
+    return f"{n / 1e6:g}M"
+
+
+def _progress(done: int, total: int, what: str) -> None:
+    print(f"\r{what}: {100 * done / total:5.1f}%", end="" if done < total else "\n", flush=True)
+
+
+def write_dataset(directory: Path, rows: int) -> Path:
+    """``image.npy`` and ``label.npy`` of ``rows`` rows, unless already there."""
+    done = directory / "complete"
+    if done.exists():
+        return directory
+    directory.mkdir(parents=True, exist_ok=True)
+    images = np.lib.format.open_memmap(
+        directory / "image.npy", mode="w+", dtype=np.uint8, shape=(rows, 28, 28, 1)
+    )
+    rng = np.random.default_rng(0)
+    chunk = 1 << 18  # rows per write: ~200 MB
+    noise = rng.integers(0, 256, (chunk, 28, 28, 1), dtype=np.uint8)
+    for start in range(0, rows, chunk):
+        stop = min(rows, start + chunk)
+        images[start:stop] = noise[: stop - start] + np.uint8(start // chunk)  # rows differ
+        _progress(stop, rows, f"writing {directory.name}")
+    images.flush()
+    del images
+    np.save(directory / "label.npy", (np.arange(rows) * 7919 % 10).astype(np.int32))
+    os.sync()
+    done.touch()
+    return directory
+
+
+def evict(paths: list[Path]) -> None:
+    """Drops the files' pages from the page cache (they are clean: written and synced)."""
+    for path in paths:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def disk_limits(path: Path, seconds: float) -> dict[str, float]:
+    """Sequential MB/s and random 4 KiB IOPS (1 and 32 readers), O_DIRECT, on ``path``."""
+    size = path.stat().st_size
+    out = {}
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+    try:
+        buffer = mmap.mmap(-1, 8 << 20)  # page-aligned, as O_DIRECT needs
+        read, started, offset = 0, time.perf_counter(), 0
+        while time.perf_counter() - started < seconds and offset + len(buffer) <= size:
+            read += os.preadv(fd, [buffer], offset)
+            offset += len(buffer)
+        out["sequential_MBps"] = read / (time.perf_counter() - started) / 1e6
+        for readers in (1, 32):
+            counts = [0] * readers
+            stop = time.perf_counter() + seconds
+            threads = [
+                threading.Thread(target=_random_reads, args=(fd, size, stop, counts, i))
+                for i in range(readers)
+            ]
+            started = time.perf_counter()
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+            out[f"random_4k_iops_{readers}"] = sum(counts) / (time.perf_counter() - started)
+    finally:
+        os.close(fd)
+    return out
+
+
+def _random_reads(fd: int, size: int, stop: float, counts: list[int], i: int) -> None:
+    """Reader ``i``: random 4 KiB O_DIRECT reads until ``stop``, counted in ``counts[i]``."""
+    page = mmap.mmap(-1, 4096)
+    rng = np.random.default_rng(i)
+    while time.perf_counter() < stop:
+        for block in rng.integers(0, size // 4096, 256).tolist():
+            os.preadv(fd, [page], block * 4096)
+        counts[i] += 256
+
+
+def measure(args: argparse.Namespace) -> dict:
+    """One backend, order and temperature, in this (fresh) process."""
+    peak = [0]
+
+    def rss_anon() -> int:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("RssAnon:"):
+                    return int(line.split()[1]) * 1024
+        return 0
+
+    def watch() -> None:
+        while True:
+            peak[0] = max(peak[0], rss_anon())
+            time.sleep(0.05)
+
+    threading.Thread(target=watch, daemon=True).start()
+    from jaxfeed import loaders
+
+    directory = Path(args.data)
+    shuffle = "blocks" if args.order == "blocks" else True
+    options = {"num_workers": 2} if args.backend in ("torch",) else {}
+    if args.temperature == "cold":
+        evict(list(directory.glob("*.npy")))
+    started = time.perf_counter()
+    source = loaders.make(
+        args.backend, dataset=directory, batch_size=1024, shuffle=shuffle, **options
+    )
+    make_s = time.perf_counter() - started
+    if args.temperature == "cold":  # make() may have read the files (a conversion)
+        evict(list(directory.glob("*.npy")))
+    rows = 0
+    started = time.perf_counter()
+    for batch in source.iter_epoch(0):
+        rows += int(batch["mask"].sum())
+        if time.perf_counter() - started > args.window:
+            break
+    seconds = time.perf_counter() - started
+    return {
+        "make_s": make_s,
+        "rows_per_s": rows / seconds,
+        "MB_per_s": rows * ROW_BYTES / seconds / 1e6,
+        "rows_read": rows,
+        "seconds": seconds,
+        "peak_rss_anon_MiB": peak[0] / 2**20,
+    }
+
+
+def _run_one(data: Path, cache: Path, backend: str, order: str, temperature: str, window: float):
+    command = [sys.executable, __file__, "--measure", "--data", str(data), "--backend", backend,
+               "--order", order, "--temperature", temperature, "--window", str(window)]  # fmt: skip
+    env = {**os.environ, "JAXFEED_CACHE_DIR": str(cache)}
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=3600)
+    if done.returncode != 0:
+        return {"error": done.stderr.strip().splitlines()[-1:]}
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dir", default="/tmp/jaxfeed-big", help="where the datasets are written")
+    parser.add_argument("--rows", default="1000000,10000000,40000000")
+    parser.add_argument("--backends", default=",".join(BACKENDS))
+    parser.add_argument("--orders", default=",".join(ORDERS))
+    parser.add_argument("--window", type=float, default=60.0, help="seconds read per run")
+    parser.add_argument("--limit-seconds", type=float, default=10.0)
+    parser.add_argument("--tag", default="cpu")
+    parser.add_argument("--measure", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--data", help=argparse.SUPPRESS)
+    parser.add_argument("--backend", help=argparse.SUPPRESS)
+    parser.add_argument("--order", help=argparse.SUPPRESS)
+    parser.add_argument("--temperature", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.measure:
+        print(json.dumps(measure(args)))
+        return
+    with open("/proc/meminfo") as meminfo:
+        ram = int(meminfo.readline().split()[1]) * 1024
+    root = Path(args.dir)
+    results, lines = [], []
+    for rows in [int(r) for r in args.rows.split(",")]:
+        data = write_dataset(root / f"rows-{_count(rows)}", rows)
+        size = sum(f.stat().st_size for f in data.glob("*.npy"))
+        evict(list(data.glob("*.npy")))
+        limits = disk_limits(data / "image.npy", args.limit_seconds)
+        print(f"{_count(rows)} rows, {size / 2**30:.1f} GiB (RAM {ram / 2**30:.0f} GiB): {limits}")
+        temperatures = ["cold"] + (["warm"] if size < ram / 2 else [])
+        for backend in args.backends.split(","):
+            cache = root / "cache"
+            shutil.rmtree(cache, ignore_errors=True)  # each backend converts afresh (hf)
+            for order in args.orders.split(","):
+                for temperature in temperatures:
+                    got = _run_one(data, cache, backend, order, temperature, args.window)
+                    row = {"rows": rows, "GiB": size / 2**30, "backend": backend, "order": order,
+                           "temperature": temperature, **limits, **got}  # fmt: skip
+                    results.append(row)
+                    line = f"{_count(rows):>5} {backend:5} {order:6} {temperature}: " + (
+                        f"{got['rows_per_s']:>10,.0f} rows/s {got['MB_per_s']:7.0f} MB/s  "
+                        f"make {got['make_s']:6.1f} s  "
+                        f"RssAnon {got['peak_rss_anon_MiB']:5.0f} MiB"
+                        if "error" not in got
+                        else f"error {got['error']}"
+                    )
+                    print(line, flush=True)
+                    lines.append(line)
+            shutil.rmtree(cache, ignore_errors=True)
+    out = write_record("bigger-than-memory", args, results, ram_bytes=ram, cpus=os.cpu_count())
+    out.with_suffix(".txt").write_text("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()
