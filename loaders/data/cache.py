@@ -16,6 +16,7 @@ import json
 import os
 import re
 import shutil
+import socket
 import tempfile
 import zlib
 from collections.abc import Callable
@@ -157,7 +158,9 @@ def build_once(path: Path, build: Callable[[Path], None]) -> Path:
         root = writable_dir(path.parent)
     except ValueError as err:  # say why a read-only cache needs writing at all
         raise ValueError(f"{err}; it must be writable to build {path.name}, not there yet") from err
-    scratch = Path(tempfile.mkdtemp(dir=root, prefix=f".{path.name}.build-"))
+    _remove_dead_builds(root, path.name)
+    prefix = f".{path.name}.build-{socket.gethostname()}-{os.getpid()}-"
+    scratch = Path(tempfile.mkdtemp(dir=root, prefix=prefix))
     scratch.chmod(0o755)  # mkdtemp makes it owner-only; the cache is not secret
     try:
         build(scratch)
@@ -171,6 +174,23 @@ def build_once(path: Path, build: Callable[[Path], None]) -> Path:
         shutil.rmtree(scratch, ignore_errors=True)  # nothing left after a rename
     check_entry(path)  # ours: fills the memo below, so the next open is cheap
     return path
+
+
+def _remove_dead_builds(root: Path, name: str) -> None:
+    """Deletes the scratch of builds of ``name`` killed on this host (its
+    process is gone): a killed conversion of a large dataset must not keep
+    its partial copy on the disk for good."""
+    host = socket.gethostname()
+    for scratch in root.glob(f".{name}.build-*"):
+        owner = scratch.name.removeprefix(f".{name}.build-").rsplit("-", 2)
+        if len(owner) != 3 or owner[0] != host or not owner[1].isdigit():
+            continue  # another host's build, or an older jaxfeed's: not ours to judge
+        try:
+            os.kill(int(owner[1]), 0)
+        except ProcessLookupError:
+            shutil.rmtree(scratch, ignore_errors=True)
+        except PermissionError:
+            pass  # alive, another user's
 
 
 def check_entry(path: Path) -> None:
