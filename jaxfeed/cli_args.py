@@ -136,7 +136,8 @@ def check_writable(path: Path | None, flag: str) -> None:
         with path.open("a"):  # what writing it later needs, without truncating it now
             pass
         if not existed:
-            path.unlink()
+            # missing_ok: every process of a job checks the same path at once.
+            path.unlink(missing_ok=True)
     except OSError as err:
         raise ValueError(
             f"{flag} {path} cannot be written ({type(err).__name__}: {err.strerror or err}); "

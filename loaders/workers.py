@@ -11,18 +11,18 @@ order. Workers started through `SPAWN`, or by a library inside
 `children_ignore_stop_signals()`, ignore both for life: the signals are
 ignored in the parent only for the instant the child is forked and executed
 (an ignored disposition survives both, and Python then installs no handler
-of its own), so the parent still sees them. Torch's worker loop installs a
-SIGTERM handler of its own, which `SPAWN`'s processes set back to ignored.
-The main process closes its workers itself; past their timeouts Grain kills
-them (SIGKILL) and torch's workers exit once their parent is gone.
+of its own), so the parent still sees them. `SPAWN`'s processes (torch's
+workers) then take SIGTERM from their parent only, so a loader's
+``terminate()`` still ends them. The main process closes its workers itself;
+past its timeout Grain kills its workers (SIGKILL).
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import os
 import signal
-import sys
 import threading
 from collections.abc import Iterator
 from multiprocessing import util
@@ -93,8 +93,15 @@ def children_ignore_stop_signals() -> Iterator[None]:
     launch = util.spawnv_passfds
 
     def launch_ignoring_stop_signals(*args: Any) -> int:
-        with _stop_signals_ignored():
-            return launch(*args)
+        # Blocked too in the launching thread, so in the child's every thread:
+        # a thread started before `_sigterm_only_from_parent` runs (an import's)
+        # must not take a SIGTERM once the child stops ignoring it.
+        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+        try:
+            with _stop_signals_ignored():
+                return launch(*args)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
 
     util.spawnv_passfds = launch_ignoring_stop_signals
     try:
@@ -103,19 +110,23 @@ def children_ignore_stop_signals() -> Iterator[None]:
         util.spawnv_passfds = launch
 
 
-def _keep_sigterm_ignored() -> None:
-    """In a child: torch's worker loop, which starts by installing its signal
-    handlers, sets SIGTERM back to ignored right after."""
-    handlers = sys.modules.get("torch.utils.data._utils.signal_handling")
-    if handlers is None:
-        return
-    install = handlers._set_worker_signal_handlers
+def _sigterm_only_from_parent() -> None:
+    """In a child's main thread: SIGTERM ends it when its parent sends it (a
+    loader's shutdown calls ``terminate()``), and not when the whole group or
+    machine gets it. A signal's sender is only known to ``sigwaitinfo``: the
+    signal is blocked in every thread (from the launch on) and a waiting
+    thread takes it. (Left ignored, a terminated worker would live on, and
+    the parent's exit would wait for it in multiprocessing's join.)"""
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # an ignored signal is discarded, even blocked
 
-    def install_then_ignore_sigterm(*args: Any) -> None:
-        install(*args)
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    def wait() -> None:
+        while True:
+            sender = signal.sigwaitinfo({signal.SIGTERM}).si_pid
+            if sender == os.getppid():
+                os._exit(0)  # as torch's own worker handler does for its parent's SIGTERM
 
-    handlers._set_worker_signal_handlers = install_then_ignore_sigterm
+    threading.Thread(target=wait, name="jaxfeed-sigterm-from-parent", daemon=True).start()
 
 
 class _StopSignalsIgnoringProcess(SpawnProcess):
@@ -124,7 +135,7 @@ class _StopSignalsIgnoringProcess(SpawnProcess):
             super().start()
 
     def run(self) -> None:  # in the child
-        _keep_sigterm_ignored()
+        _sigterm_only_from_parent()
         super().run()
 
 
