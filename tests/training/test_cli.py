@@ -286,3 +286,21 @@ def test_save_params_writes_the_final_parameters(tmp_path, capsys):
     assert np.any(first_bias != 0)  # trained: biases start at zero
     (epoch,) = json.loads(record.read_text())["epochs"]
     assert epoch["step"] == 16  # 4,000 digits in batches of 256
+
+
+def test_train_reads_a_directory_of_npy_files_in_block_order(tmp_path, capsys):
+    # Data bigger than memory, as a user would lay it out: train/ and test/ of .npy files.
+    sample = {split: loaders.load_dataset("mnist-sample", split) for split in ("train", "test")}
+    for split, data in sample.items():
+        (tmp_path / split).mkdir()
+        for name in ("image", "label"):
+            np.save(tmp_path / split / f"{name}.npy", data[name])
+    runs = {}
+    for name, dataset in (("disk", str(tmp_path)), ("memory", "mnist-sample")):
+        out = tmp_path / f"{name}.json"
+        argv = ["train", "--epochs", "2", "--quiet", "--block-shuffle", "500",
+                "--dataset", dataset, "--json", str(out)]  # fmt: skip
+        assert main(argv) == 0
+        runs[name] = [m["loss"] for m in json.loads(out.read_text())["epochs"]]
+    assert "train=32 batches" in capsys.readouterr().out
+    assert runs["disk"] == runs["memory"]  # the same rows in the same block order
