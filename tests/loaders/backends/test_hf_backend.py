@@ -19,17 +19,17 @@ def _native(data: ArrayDataset, **sampler_args) -> hf_backend.HFSource:
 
 def _count_saves(monkeypatch) -> list:
     saves = []
-    save = datasets.Dataset.save_to_disk
+    record_batch = hf_backend._record_batch
 
-    def counting(self, path, *args, **kwargs):
-        saves.append(path)
-        return save(self, path, *args, **kwargs)
+    def counting(data):
+        saves.append(data.name)
+        return record_batch(data)
 
-    monkeypatch.setattr(datasets.Dataset, "save_to_disk", counting)
+    monkeypatch.setattr(hf_backend, "_record_batch", counting)
     return saves
 
 
-def test_cache_is_an_arrow_dataset_built_once(tmp_path, monkeypatch):
+def test_cache_is_an_arrow_file_built_once(tmp_path, monkeypatch):
     monkeypatch.setenv("JAXFEED_CACHE_DIR", str(tmp_path))
     saves = _count_saves(monkeypatch)
     source = loaders.make("hf", dataset="mnist-sample", split="test", batch_size=50)
@@ -37,8 +37,9 @@ def test_cache_is_an_arrow_dataset_built_once(tmp_path, monkeypatch):
     assert source.path.parent == tmp_path / "hf"
     assert source.path.name.startswith("mnist-sample-test-")
 
-    stored = datasets.load_from_disk(str(source.path))
+    stored = datasets.Dataset.from_file(str(source.path / hf_backend.ARROW_FILE))
     assert stored.num_rows == 1000
+    assert len(stored.data.table.column("image").chunks) == 1  # one record batch: take() reads rows
     assert stored.features == datasets.Features(
         {
             "image": datasets.Sequence(datasets.Value("uint8"), length=784),

@@ -87,7 +87,7 @@ def test_sample_labels_are_checked(fresh_sample: None, monkeypatch: pytest.Monke
 
 # One per native cache: the backend options that build it, and its data file.
 CACHES = {
-    "hf": ({}, "data-00000-of-00001.arrow"),
+    "hf": ({}, "data.arrow"),
     "tf": ({}, "jaxfeed_arrays-test.tfrecord-00000-of-00001"),
     "grain": ({"source": "tfds"}, "jaxfeed_arrays-test.array_record-00000-of-00001"),
 }
@@ -202,7 +202,7 @@ def test_a_read_only_cache_without_the_entry_says_where(
     with pytest.raises(
         ValueError,
         match=rf"cache directory {own_cache / 'hf'} is not writable .*it must be writable to "
-        r"build mnist-sample-test-v2-\w+, not there yet",
+        r"build mnist-sample-test-v3-\w+, not there yet",
     ):
         _first_batch("hf")
     assert no_writes == [str(own_cache / "hf")]
