@@ -18,6 +18,12 @@ in a fresh process with an empty ``JAXFEED_CACHE_DIR``:
   (a second pass); and the peak RssAnon (anonymous memory: not the page
   cache, which the kernel reclaims).
 
+Then each of 2 processes (``process_index`` 0 and 1 of 2, run at once) reads
+its slice of every global batch of one epoch, cold, and reports the bytes it
+fetched from the disk (``read_bytes`` of ``/proc/self/io``): for rows of
+256 KiB and for the 784-byte rows of the smallest size (there two processes'
+rows share 4 KiB pages, so each reads most pages).
+
 Writes ``results/bigger-than-memory-<tag>.json`` and ``.txt``.
 """
 
@@ -124,6 +130,40 @@ def _random_reads(fd: int, size: int, stop: float, counts: list[int], i: int) ->
         counts[i] += 256
 
 
+def read_slice(args: argparse.Namespace) -> dict:
+    """This process's slice of every global batch of one epoch, cold; bytes fetched."""
+    from jaxfeed import loaders
+
+    source = loaders.make("numpy", dataset=Path(args.data), batch_size=args.batch,
+                          process_index=args.process, process_count=2)  # fmt: skip
+    with open("/proc/self/io") as io:
+        before = int(next(line for line in io if line.startswith("read_bytes")).split()[1])
+    rows = sum(int(batch["mask"].sum()) for batch in source.iter_epoch(0))
+    with open("/proc/self/io") as io:
+        after = int(next(line for line in io if line.startswith("read_bytes")).split()[1])
+    return {"rows": rows, "read_bytes": after - before}
+
+
+def process_slices(data: Path, batch: int) -> dict:
+    """Two processes at once, each reading its slice: the fraction of the files each fetched."""
+    files = list(data.glob("*.npy"))
+    evict(files)
+    size = sum(f.stat().st_size for f in files)
+    children = [
+        subprocess.Popen([sys.executable, __file__, "--read-slice", "--data", str(data),
+                          "--process", str(p), "--batch", str(batch)],
+                         stdout=subprocess.PIPE, text=True)
+        for p in range(2)
+    ]  # fmt: skip
+    outputs = [child.communicate(timeout=3600)[0] for child in children]
+    reports = [json.loads(output.splitlines()[-1]) for output in outputs]
+    return {
+        "file_bytes": size,
+        "rows": [r["rows"] for r in reports],
+        "fraction_read": [r["read_bytes"] / size for r in reports],
+    }
+
+
 def measure(args: argparse.Namespace) -> dict:
     """One backend, order and temperature, in this (fresh) process."""
     peak = [0]
@@ -185,7 +225,7 @@ def _run_one(data: Path, cache: Path, backend: str, order: str, temperature: str
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dir", default="/tmp/jaxfeed-big", help="where the datasets are written")
-    parser.add_argument("--rows", default="1000000,10000000,40000000")
+    parser.add_argument("--rows", default="1000000,10000000,36000000")
     parser.add_argument("--backends", default=",".join(BACKENDS))
     parser.add_argument("--orders", default=",".join(ORDERS))
     parser.add_argument("--window", type=float, default=60.0, help="seconds read per run")
@@ -196,9 +236,15 @@ def main() -> None:
     parser.add_argument("--backend", help=argparse.SUPPRESS)
     parser.add_argument("--order", help=argparse.SUPPRESS)
     parser.add_argument("--temperature", help=argparse.SUPPRESS)
+    parser.add_argument("--read-slice", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--process", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--batch", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.measure:
         print(json.dumps(measure(args)))
+        return
+    if args.read_slice:
+        print(json.dumps(read_slice(args)))
         return
     with open("/proc/meminfo") as meminfo:
         ram = int(meminfo.readline().split()[1]) * 1024
@@ -230,7 +276,27 @@ def main() -> None:
                     print(line, flush=True)
                     lines.append(line)
             shutil.rmtree(cache, ignore_errors=True)
-    out = write_record("bigger-than-memory", args, results, ram_bytes=ram, cpus=os.cpu_count())
+    wide = root / "rows-256KiB"
+    if not (wide / "complete").exists():
+        wide.mkdir(parents=True, exist_ok=True)
+        rows = np.lib.format.open_memmap(wide / "x.npy", "w+", np.uint8, (2000, 256 << 10))
+        for start in range(0, 2000, 100):
+            rows[start : start + 100] = start // 100
+        rows.flush()
+        del rows
+        np.save(wide / "label.npy", np.arange(2000, dtype=np.int32))
+        os.sync()
+        (wide / "complete").touch()
+    slices = {"rows of 256 KiB": process_slices(wide, 8)}
+    smallest = root / f"rows-{_count(min(int(r) for r in args.rows.split(',')))}"
+    if smallest.exists():
+        slices["rows of 788 B"] = process_slices(smallest, 512)
+    for what, got in slices.items():
+        line = f"2 processes, {what}: each fetched {got['fraction_read']} of the files"
+        print(line)
+        lines.append(line)
+    out = write_record("bigger-than-memory", args, results, ram_bytes=ram, cpus=os.cpu_count(),
+                       process_slices=slices)  # fmt: skip
     out.with_suffix(".txt").write_text("\n".join(lines) + "\n")
 
 
