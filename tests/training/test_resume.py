@@ -337,13 +337,21 @@ def test_a_two_process_checkpoint_resumes_on_one_process(tmp_path, reference):
         tmp_path / "one.log",
         *(*RUN, "--checkpoint-dir", str(directory), "--resume", "--save-params", str(params)),
     )
-    assert re.search(
-        r"warning: resuming on 1 process\(es\), 8 device\(s\) .* written on 2 process\(es\), "
-        r"4 device\(s\)",
-        output,
-    ), output
-    got, want = _params(params), reference()
-    for key in want:  # equal up to the rounding of sums added in another order
+    _assert_topology_said(output, now=(1, 8), written=(2, 4))
+    _assert_within_rounding(_params(params), reference())
+
+
+def _assert_topology_said(output: str, now: tuple[int, int], written: tuple[int, int]) -> None:
+    said = (
+        rf"warning: resuming on {now[0]} process\(es\), {now[1]} device\(s\) .* written on "
+        rf"{written[0]} process\(es\), {written[1]} device\(s\)"
+    )
+    assert re.search(said, output), output
+
+
+def _assert_within_rounding(got: dict[str, np.ndarray], want: dict[str, np.ndarray]) -> None:
+    """Equal up to the rounding of sums added in another order (measured: ~2e-7)."""
+    for key in want:
         assert np.max(np.abs(got[key] - want[key])) <= 1e-5 * np.max(np.abs(want[key])), key
 
 
@@ -358,14 +366,8 @@ def test_a_one_process_checkpoint_resumes_on_two_processes(tmp_path, reference):
                             "--save-params", str(params)))  # fmt: skip
     for i, output in enumerate(outputs):
         assert re.search(rf"\[process {i}\] resuming from step {STEPS_PER_EPOCH} ", output), output
-        assert re.search(
-            r"warning: resuming on 2 process\(es\), 4 device\(s\) .* written on 1 "
-            r"process\(es\), 8 device\(s\)",
-            output,
-        ), output
-    got, want = _params(params), reference()
-    for key in want:  # equal up to the rounding of sums added in another order
-        assert np.max(np.abs(got[key] - want[key])) <= 1e-5 * np.max(np.abs(want[key])), key
+        _assert_topology_said(output, now=(2, 4), written=(1, 8))
+    _assert_within_rounding(_params(params), reference())
 
 
 @pytest.mark.slow
@@ -433,13 +435,7 @@ def test_a_terminals_ctrl_c_to_the_whole_group_stops_a_run_with_workers(tmp_path
     )
     # 2-8 s on a 2-core machine (spawned workers finish starting first); 20 s leaves room.
     assert seconds < 20, f"took {seconds:.1f} s to stop"
-    # No worker left behind (multiprocessing's resource tracker goes within a second).
-    for _ in range(100):
-        left = _group(child.pid)
-        if not left:
-            break
-        time.sleep(0.1)
-    assert not left, f"processes left in the group: {left}"
+    _assert_group_gone(child.pid)
 
 
 @pytest.mark.parametrize("loader", ["torch", "grain"])
@@ -473,16 +469,21 @@ def test_sigterm_to_a_run_with_workers_resumes_bit_identical_and_leaves_no_proce
     stopped = re.search(r"preempted \(SIGTERM\): stopped at .* \(step (\d+)\); checkpoint", output)
     assert stopped, output
     assert "leaked" not in output, output  # no semaphore or shared memory left to clean up
-    for _ in range(100):
-        left = _group(child.pid)
-        if not left:
-            break
-        time.sleep(0.1)
-    assert not left, f"processes left in the group: {left}"
+    _assert_group_gone(child.pid)
 
     resumed_from, params = _resume(directory, *args)
     assert resumed_from == int(stopped[1])
     _assert_bit_identical(params, reference(*args), stopped[0])
+
+
+def _assert_group_gone(pgid: int) -> None:
+    """No worker left behind (multiprocessing's resource tracker goes within a second)."""
+    for _ in range(100):
+        left = _group(pgid)
+        if not left:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"processes left in the group: {left}")
 
 
 def _group(pgid: int) -> list[int]:
