@@ -1,18 +1,16 @@
 """Read-ahead that keeps the disk busy for a dataset bigger than memory.
 
-A backend reading memory-mapped rows waits for each page fault in turn: one
-random read at a time, about a third of what the disk serves with many
-outstanding (see docs/data.md). A thread walks the epoch's index plan a few
-batches ahead of the reader and asks the kernel to start reading those rows
-(``posix_fadvise(WILLNEED)`` returns at once; the reads proceed in parallel
-into the page cache). The page cache is shared, so rows read by torch or
-Grain worker processes arrive early too. Rows closer than `MERGE_GAP` bytes
-are asked for as one range: a block order's batches become a few long reads.
-A lone row (a full permutation of a large dataset) is not asked for: per-row
-hints cost this 2-core machine more CPU than they saved, measured; there the
-concurrency comes from the backends' workers.
-A batch whose sampled rows are all in memory already is skipped, so a warm
-dataset costs a few ``mincore`` calls per batch.
+A backend reading memory-mapped rows waits for each page fault in turn. A
+thread walks the epoch's index plan up to `AHEAD_BYTES` ahead of the reader
+and asks the kernel to start reading the coming batches' rows
+(``posix_fadvise(WILLNEED)`` returns at once; the reads fill the page cache
+meanwhile, which torch and Grain worker processes share). Rows closer than
+`MERGE_GAP` bytes are asked for as one range, so a block order's batch
+becomes a few long reads. A lone row (a full permutation of a large dataset)
+is not asked for: per-row hints cost this 2-core machine more CPU than they
+saved (measured); there the concurrency comes from the backends' workers. A
+batch whose sampled rows are in memory already is skipped, so a warm dataset
+costs a few ``mincore`` calls per batch.
 """
 
 from __future__ import annotations
