@@ -193,8 +193,9 @@ def measure(args: argparse.Namespace) -> dict:
         args.backend, dataset=directory, batch_size=1024, shuffle=shuffle, **options
     )
     make_s = time.perf_counter() - started
-    if args.temperature == "cold":  # make() may have read the files (a conversion)
-        evict(list(directory.glob("*.npy")))
+    if args.temperature == "cold":  # make() read the files and wrote hf's Arrow copy
+        cache = Path(os.environ["JAXFEED_CACHE_DIR"])
+        evict([*directory.glob("*.npy"), *(f for f in cache.rglob("*") if f.is_file())])
     rows = 0
     started = time.perf_counter()
     for batch in source.iter_epoch(0):
