@@ -3,14 +3,15 @@
 The split is written once as one Arrow file under ``cache_root()/"hf"``,
 keyed by its content (an on-disk dataset by its files' identity), and opened
 with ``Dataset.from_file``, which memory-maps it. The file is written
-streaming, straight from the dataset's buffers (memory-mapped ones too) as
-one record batch, so the conversion holds no copy in memory and runs at disk
+streaming, straight from the dataset's buffers (memory-mapped ones too), in
+record batches of `chunk_rows` rows (one, unless an array would pass Arrow's
+2**31 - 1 values), so the conversion holds no copy in memory and runs at disk
 speed, with a progress bar for large data. Rows are gathered in sampler
-order, several batches per call (`BYTES_PER_TAKE`): Arrow's ``take`` on the
-dataset's table (default), or ``ds[indices]``; each batch is then a numpy
-view of the gathered rows. One record batch means ``take`` reads only the
-rows it gathers: a table of many chunks would be joined, a copy of the whole
-split, on every call.
+order, several batches per call (`BYTES_PER_TAKE`): Arrow's ``take`` on each
+record batch that holds some of them (default), or ``ds[indices]``; each
+batch is then a numpy view of the gathered rows. ``take`` on a table of
+several chunks would join them all first, a copy of the whole split on every
+call: so a call takes from each chunk on its own.
 
 Batches are read in ``"arrow"`` format and turned into numpy zero-copy: the
 ``"numpy"`` format upcasts every integer column to int64 and is much slower.
@@ -22,6 +23,7 @@ slower), reshaped on the way out, which is free.
 from __future__ import annotations
 
 import contextlib
+import itertools
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -60,8 +62,7 @@ class HFSource(SampledSource):
         ``Dataset.shuffle`` (a new seed per epoch), ``Dataset.shard(...,
         contiguous=True)`` per process and ``Dataset.iter``.
       read: how a batch is gathered in sampler order. ``"take"`` (default):
-        Arrow's ``Table.take`` on the dataset's table, joined into one chunk
-        once when the source is made (a copy of the split in memory).
+        Arrow's ``take`` on the record batches of the memory-mapped file.
         ``"getitem"``: ``ds[indices]``, the `datasets` row access; it slices
         out every row separately and joins them, which is much slower.
         Either way one call gathers as many whole batches as fit in
@@ -79,8 +80,8 @@ class HFSource(SampledSource):
         with _no_progress_bars():
             rows = datasets.Dataset.from_file(str(self.path / ARROW_FILE))
         self.rows = rows.with_format("arrow")
-        # The file's one record batch, memory-mapped: a view, not a copy.
-        self._table = self.rows.data.table if read == "take" else None
+        # The file's record batches, memory-mapped: views, not copies.
+        self._chunks = self.rows.data.table.to_batches() if read == "take" else None
 
     def _fetch(self, index_batches: Sequence[np.ndarray]) -> Iterator[Mapping[str, np.ndarray]]:
         row_bytes = sum(array[:1].nbytes for array in self.dataset.arrays.values())
@@ -88,7 +89,7 @@ class HFSource(SampledSource):
         for first in range(0, len(index_batches), per_call):
             group = index_batches[first : first + per_call]
             indices = np.concatenate(group)
-            rows = self.rows[indices] if self._table is None else self._table.take(indices)
+            rows = self.rows[indices] if self._chunks is None else self._take(indices)
             columns = self._to_numpy(rows)
             # Batches are views of the call's rows (no copy), so one the caller
             # keeps also keeps the rest of its call's rows in memory.
@@ -96,6 +97,22 @@ class HFSource(SampledSource):
             for batch_indices in group:
                 start, stop = stop, stop + len(batch_indices)
                 yield {key: column[start:stop] for key, column in columns.items()}
+
+    def _take(self, indices: np.ndarray) -> pa.Table:
+        """Rows ``indices`` in that order: one ``take`` per record batch that holds some."""
+        if len(self._chunks) == 1:
+            return pa.Table.from_batches([self._chunks[0].take(indices)])
+        rows = self._chunks[0].num_rows  # every chunk but the last holds as many
+        chunk = indices // rows
+        by_chunk = np.argsort(chunk, kind="stable")
+        bounds = np.searchsorted(chunk[by_chunk], np.arange(len(self._chunks) + 1))
+        pieces = [
+            self._chunks[c].take(indices[by_chunk[lo:hi]] - c * rows)
+            for c, (lo, hi) in enumerate(itertools.pairwise(bounds))
+            if hi > lo
+        ]
+        # Back from chunk order to the asked order: a take on the few rows gathered.
+        return pa.Table.from_batches(pieces).take(np.argsort(by_chunk))
 
     def _native_epoch(self, epoch: int) -> Iterator[Mapping[str, np.ndarray]]:
         s = self.sampler
@@ -142,41 +159,57 @@ def arrow_cache(dataset: ArrayDataset) -> Path:
     """
 
     def build(scratch: Path) -> None:
-        table = pa.Table.from_batches([_record_batch(dataset)])
-        total = sum(buffer.size for column in table.columns for chunk in column.chunks
-                    for buffer in chunk.buffers() if buffer is not None)  # fmt: skip
+        rows = chunk_rows(dataset)
+        total = sum(array.nbytes for array in dataset.arrays.values())
+        schema = _schema(dataset)
         with (
             open(scratch / ARROW_FILE, "wb") as file,
             tqdm(total=total, unit="B", unit_scale=True, desc=f"Arrow copy of {dataset.name}",
                  disable=total < _PROGRESS_BYTES) as bar,
-            pa.ipc.new_stream(pa.PythonFile(_Sliced(file, bar), mode="w"), table.schema) as out,
+            pa.ipc.new_stream(pa.PythonFile(_Sliced(file, bar), mode="w"), schema) as out,
         ):  # fmt: skip
-            out.write_table(table)
+            for start in range(0, len(dataset), rows):
+                out.write_batch(_record_batch(dataset, schema, start, start + rows))
 
     return build_once(cache_path(dataset), build)
 
 
-def _record_batch(dataset: ArrayDataset) -> pa.RecordBatch:
-    """The dataset as one Arrow record batch over its own buffers (no copy,
-    except bools, which Arrow packs into bits), with the HF features that
-    ``datasets`` reads back: a field with several values per row is a
-    fixed-size list of them, reshaped on the way out (``ArrayND`` features
-    read back far slower)."""
-    features, columns = {}, []
+def chunk_rows(dataset: ArrayDataset) -> int:
+    """Rows per record batch: all of them, unless a field's values would pass
+    the 2**31 - 1 that Arrow writes in one array."""
+    widths = [int(np.prod(array.shape[1:])) for array in dataset.arrays.values()]
+    return max(1, min(len(dataset), *((2**31 - 1) // max(1, w) for w in widths)))
+
+
+def _schema(dataset: ArrayDataset) -> pa.Schema:
+    """The HF features that ``datasets`` reads back: a field with several values
+    per row is a fixed-size list of them, reshaped on the way out (``ArrayND``
+    features read back far slower)."""
+    features = {}
     for key, array in dataset.arrays.items():
         value = datasets.Value(array.dtype.name)
         width = int(np.prod(array.shape[1:]))
         features[key] = value if array.ndim == 1 else datasets.Sequence(value, length=width)
-        flat = array.reshape(-1)
+    return datasets.Features(features).arrow_schema
+
+
+def _record_batch(
+    dataset: ArrayDataset, schema: pa.Schema, start: int, stop: int
+) -> pa.RecordBatch:
+    """Rows ``start:stop`` as an Arrow record batch over the dataset's own
+    buffers (no copy, except bools, which Arrow packs into bits)."""
+    columns = []
+    for array in dataset.arrays.values():
+        flat = array[start:stop].reshape(-1)
         if array.dtype == np.bool_:
             values = pa.array(flat)
         else:
             values = pa.Array.from_buffers(pa.from_numpy_dtype(array.dtype), len(flat),
                                            [None, pa.py_buffer(flat)])  # fmt: skip
+        width = int(np.prod(array.shape[1:]))
         columns.append(
             values if array.ndim == 1 else pa.FixedSizeListArray.from_arrays(values, width)
         )
-    schema = datasets.Features(features).arrow_schema
     return pa.RecordBatch.from_arrays(columns, schema=schema)
 
 

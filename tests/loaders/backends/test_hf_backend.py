@@ -19,13 +19,13 @@ def _native(data: ArrayDataset, **sampler_args) -> hf_backend.HFSource:
 
 def _count_saves(monkeypatch) -> list:
     saves = []
-    record_batch = hf_backend._record_batch
+    schema = hf_backend._schema
 
     def counting(data):
         saves.append(data.name)
-        return record_batch(data)
+        return schema(data)
 
-    monkeypatch.setattr(hf_backend, "_record_batch", counting)
+    monkeypatch.setattr(hf_backend, "_schema", counting)
     return saves
 
 
@@ -107,3 +107,17 @@ def test_options_are_checked():
         loaders.make("hf", dataset="mnist-sample", num_workers=2)
     with pytest.raises(ValueError, match="read must be one of"):
         loaders.make("hf", dataset="mnist-sample", read="select")
+
+
+def test_chunked_arrow_files_read_the_same_rows(monkeypatch, tmp_path):
+    # Past 2**31 - 1 values a field is written in several record batches; a take
+    # then reads each chunk on its own (a take on the whole table would join them).
+    monkeypatch.setenv("JAXFEED_CACHE_DIR", str(tmp_path))  # built here, in chunks
+    monkeypatch.setattr(hf_backend, "chunk_rows", lambda data: 70)
+    data = indexed_dataset()  # 300 rows: chunks of 70, the last of 20
+    sampler = Sampler(num_examples=len(data), batch_size=32, seed=1)
+    source = hf_backend.build(data, sampler)
+    assert [c.num_rows for c in source._chunks] == [70, 70, 70, 70, 20]
+    reference = numpy_backend.build(data, sampler)
+    for epoch in (0, 1):
+        assert_same_batches(list(source.iter_epoch(epoch)), list(reference.iter_epoch(epoch)))
