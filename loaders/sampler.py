@@ -196,17 +196,19 @@ class Sampler:
 
     def _block_permutation(self, rng: np.random.Generator) -> np.ndarray:
         """Whole blocks in a random order, then each window of ``window_blocks``
-        consecutive blocks' rows shuffled among themselves."""
+        consecutive blocks' rows shuffled among themselves. Built in place: one
+        int64 per row at the peak (288 MB for 36M rows), no temporaries."""
         n, rows_per_block = self.num_examples, self.block_rows
         starts = rng.permutation(-(-n // rows_per_block)) * rows_per_block
-        lengths = np.minimum(rows_per_block, n - starts)
-        ends = np.cumsum(lengths)  # where each block ends in the epoch's order
-        # Each block's rows, in its shuffled place: position - where it lands + where it starts.
-        order = np.arange(n, dtype=np.int64) + np.repeat(starts - (ends - lengths), lengths)
-        lo = 0
-        for hi in [*ends[self.window_blocks - 1 :: self.window_blocks], n]:
-            rng.shuffle(order[lo:hi])  # in place, a view
-            lo = hi
+        order = np.empty(n, dtype=np.int64)
+        at = 0
+        for window in range(0, len(starts), self.window_blocks):
+            begin = at
+            for start in starts[window : window + self.window_blocks].tolist():
+                stop = min(start + rows_per_block, n)
+                order[at : at + stop - start] = np.arange(start, stop)
+                at += stop - start
+            rng.shuffle(order[begin:at])  # in place, a view
         return order
 
     def num_valid(self, step: int) -> int:
