@@ -6,11 +6,11 @@ and asks the kernel to start reading the coming batches' rows
 (``posix_fadvise(WILLNEED)`` returns at once; the reads fill the page cache
 meanwhile, which torch and Grain worker processes share). Rows closer than
 `MERGE_GAP` bytes are asked for as one range, so a block order's batch
-becomes a few long reads. A lone row (a full permutation of a large dataset)
-is not asked for: per-row hints cost this 2-core machine more CPU than they
-saved (measured); there the concurrency comes from the backends' workers. A
-batch whose sampled rows are in memory already is skipped, so a warm dataset
-costs a few ``mincore`` calls per batch.
+becomes a few long reads; a full permutation's rows are asked for one by one,
+which keeps many reads in flight (with ``MADV_RANDOM``, measured on 36M rows
+bigger than memory: 92,000 random rows/s with hints 4 batches ahead, 16,600
+without). A batch whose sampled rows are in memory already is skipped, so a
+warm dataset costs a few ``mincore`` calls per batch.
 """
 
 from __future__ import annotations
@@ -103,8 +103,6 @@ class DiskReadAhead:
             if self._resident(array, where, rows):
                 continue
             for first, last in _ranges(rows, where.row_bytes):
-                if first == last:
-                    continue  # a lone row: asking costs the reader more than it saves
                 start = where.offset + first * where.row_bytes
                 length = (last + 1 - first) * where.row_bytes
                 os.posix_fadvise(self._files[where.path], start, length, os.POSIX_FADV_WILLNEED)

@@ -12,6 +12,7 @@ from collections.abc import Iterator, Mapping, Sequence
 
 import numpy as np
 from jaxfeed.loaders.array_dataset import ArrayDataset
+from jaxfeed.loaders.data.on_disk import advise
 from jaxfeed.loaders.disk_read_ahead import DiskReadAhead
 from jaxfeed.loaders.protocol import MASK_KEY, ArraySpec, Batch
 from jaxfeed.loaders.sampler import Sampler
@@ -87,6 +88,7 @@ class SampledSource(abc.ABC):
     def _iter_sampler(self, epoch: int, start: int) -> Iterator[Batch]:
         plan = list(self.sampler.epoch_plan(epoch, start))
         index_batches = [indices for indices, _ in plan]
+        self._advise(random=self.sampler.shuffle is True)
         # On-disk fields: the kernel starts reading the next batches' rows early.
         ahead = DiskReadAhead(list(self.dataset.arrays.values()), index_batches)
         try:
@@ -98,11 +100,19 @@ class SampledSource(abc.ABC):
             ahead.close()
 
     def _iter_native(self, epoch: int, start: int) -> Iterator[Batch]:
+        self._advise(random=bool(self.sampler.shuffle))
         for batch in itertools.islice(self._native_batches(epoch), start, None):
             yield self._finish(batch, len(next(iter(batch.values()))))
 
     def __iter__(self) -> Iterator[Batch]:
         return self.iter_epoch(0)
+
+    def _advise(self, random: bool) -> None:
+        """Page-sized reads of on-disk rows for a random order, read-around for
+        a contiguous one (`jaxfeed.loaders.data.on_disk.advise`). A backend that
+        reads its own mapped copy (hf) advises that copy too."""
+        for array in self.dataset.arrays.values():
+            advise(array, random)
 
     def __len__(self) -> int:
         return self.num_batches

@@ -11,6 +11,7 @@ or replaced since gets another key.
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import mmap
 import os
@@ -21,6 +22,7 @@ import numpy as np
 
 __all__ = [
     "FileRows",
+    "advise",
     "file_rows",
     "for_pickle",
     "from_pickle",
@@ -42,7 +44,7 @@ class FileRows(NamedTuple):
     row_bytes: int
 
 
-def _memmap(array: np.ndarray) -> np.memmap | None:
+def _memmap(array: np.ndarray | None) -> np.memmap | None:
     """The memory map an array is a view of, if any."""
     while isinstance(array, np.ndarray):
         if isinstance(array, np.memmap):
@@ -67,12 +69,46 @@ def file_rows(array: np.ndarray) -> FileRows | None:
     return FileRows(os.fspath(mapped.filename), mapped_from + array.ctypes.data - start, row_bytes)
 
 
+def _libc_madvise():
+    try:
+        madvise = ctypes.CDLL(None, use_errno=True).madvise
+    except (OSError, AttributeError):
+        return None
+    madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+    return madvise
+
+
+_MADVISE = _libc_madvise()
+_RANDOM = "_jaxfeed_random_reads"  # set on a np.memmap: its advice, for workers' copies
+
+
+def advise(array: np.ndarray, random: bool) -> None:
+    """Tells the kernel how ``array``'s memory-mapped pages will be read.
+
+    By default a page fault on a mapped file reads far around the page (3 MB
+    per 784-byte row, measured on this machine's disk: 461 random rows/s on
+    data bigger than memory). ``random=True`` (``MADV_RANDOM``) reads just
+    the page (14,000 rows/s); ``False`` puts the default back, which suits
+    contiguous reads. Any array works (a view of a mapped file or of Arrow's
+    mapped buffers); for one in memory it changes nothing.
+    """
+    if _MADVISE is None or not array.nbytes:
+        return
+    start = array.ctypes.data - array.ctypes.data % mmap.PAGESIZE
+    advice = mmap.MADV_RANDOM if random else mmap.MADV_NORMAL
+    _MADVISE(start, array.ctypes.data + array.nbytes - start, advice)
+    mapped = _memmap(array)
+    if mapped is not None:
+        setattr(mapped, _RANDOM, random)
+
+
 class _Reopen(NamedTuple):
     """An on-disk field in a pickle: where it lies, not its bytes."""
 
     rows: FileRows
     dtype: str
     shape: tuple[int, ...]
+    random: bool
 
 
 def for_pickle(arrays: dict[str, np.ndarray]) -> dict[str, object]:
@@ -82,7 +118,11 @@ def for_pickle(arrays: dict[str, np.ndarray]) -> dict[str, object]:
     out: dict[str, object] = {}
     for key, array in arrays.items():
         rows = file_rows(array)
-        out[key] = array if rows is None else _Reopen(rows, array.dtype.str, array.shape)
+        if rows is None:
+            out[key] = array
+        else:
+            random = getattr(_memmap(array), _RANDOM, False)
+            out[key] = _Reopen(rows, array.dtype.str, array.shape, random)
     return out
 
 
@@ -91,8 +131,10 @@ def from_pickle(arrays: dict[str, object]) -> dict[str, np.ndarray]:
     out = {}
     for key, value in arrays.items():
         if isinstance(value, _Reopen):
-            value = np.memmap(value.rows.path, np.dtype(value.dtype), mode="r",
-                              offset=value.rows.offset, shape=value.shape)  # fmt: skip
+            reopened = np.memmap(value.rows.path, np.dtype(value.dtype), mode="r",
+                                 offset=value.rows.offset, shape=value.shape)  # fmt: skip
+            advise(reopened, value.random)
+            value = reopened
         out[key] = value
     return out
 
