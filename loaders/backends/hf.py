@@ -34,7 +34,6 @@ import pyarrow as pa
 from jaxfeed.loaders.array_dataset import ArrayDataset
 from jaxfeed.loaders.backends.sampled_source import SampledSource
 from jaxfeed.loaders.data.cache import build_once, cache_entry
-from jaxfeed.loaders.data.on_disk import advise
 from jaxfeed.loaders.sampler import Sampler
 from tqdm import tqdm
 
@@ -99,13 +98,13 @@ class HFSource(SampledSource):
                 start, stop = stop, stop + len(batch_indices)
                 yield {key: column[start:stop] for key, column in columns.items()}
 
-    def _advise(self, random: bool) -> None:
-        super()._advise(random)
+    def _mapped_arrays(self) -> Iterator[np.ndarray]:
+        yield from super()._mapped_arrays()
         for chunk in self._chunks or ():  # the memory-mapped Arrow file this source reads
             for column in chunk.columns:
                 for buffer in column.buffers():
                     if buffer is not None:
-                        advise(np.frombuffer(buffer, np.uint8), random)
+                        yield np.frombuffer(buffer, np.uint8)
 
     def _take(self, indices: np.ndarray) -> pa.Table:
         """Rows ``indices`` in that order: one ``take`` per record batch that holds some."""

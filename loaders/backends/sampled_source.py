@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import abc
 import itertools
+import os
 from collections.abc import Iterator, Mapping, Sequence
 
 import numpy as np
@@ -88,7 +89,7 @@ class SampledSource(abc.ABC):
     def _iter_sampler(self, epoch: int, start: int) -> Iterator[Batch]:
         plan = list(self.sampler.epoch_plan(epoch, start))
         index_batches = [indices for indices, _ in plan]
-        self._advise(random=self.sampler.shuffle is True)
+        self._advise(random_order=self.sampler.shuffle is True)
         # On-disk fields: the kernel starts reading the next batches' rows early.
         ahead = DiskReadAhead(list(self.dataset.arrays.values()), index_batches)
         try:
@@ -100,19 +101,29 @@ class SampledSource(abc.ABC):
             ahead.close()
 
     def _iter_native(self, epoch: int, start: int) -> Iterator[Batch]:
-        self._advise(random=bool(self.sampler.shuffle))
+        self._advise(
+            random=bool(self.sampler.shuffle) and _bigger_than_half_of_memory(self.dataset)
+        )
         for batch in itertools.islice(self._native_batches(epoch), start, None):
             yield self._finish(batch, len(next(iter(batch.values()))))
 
     def __iter__(self) -> Iterator[Batch]:
         return self.iter_epoch(0)
 
-    def _advise(self, random: bool) -> None:
-        """Page-sized reads of on-disk rows for a random order, read-around for
-        a contiguous one (`jaxfeed.loaders.data.on_disk.advise`). A backend that
-        reads its own mapped copy (hf) advises that copy too."""
-        for array in self.dataset.arrays.values():
+    def _advise(self, random_order: bool) -> None:
+        """Page-sized reads of on-disk rows for a random order of data that the
+        page cache cannot hold, read-around otherwise
+        (`jaxfeed.loaders.data.on_disk.advise`). Read-around warms data that
+        fits in memory faster (measured, 1M rows read cold: numpy 1.4M rows/s
+        with it, grain 547k without); past memory it reads ~3 MB per random
+        row. A backend that reads its own mapped copy (hf) advises that too."""
+        random = random_order and _bigger_than_half_of_memory(self.dataset)
+        for array in self._mapped_arrays():
             advise(array, random)
+
+    def _mapped_arrays(self) -> Iterator[np.ndarray]:
+        """The arrays this source reads that may be mapped from files."""
+        yield from self.dataset.arrays.values()
 
     def __len__(self) -> int:
         return self.num_batches
@@ -163,6 +174,16 @@ class SampledSource(abc.ABC):
             out = {key: pad_rows(value[:num_valid], self.batch_size) for key, value in out.items()}
         out[MASK_KEY] = np.arange(self.batch_size) < num_valid
         return out
+
+
+def _bigger_than_half_of_memory(dataset: ArrayDataset) -> bool:
+    """Whether the dataset's bytes exceed half of this machine's memory (then
+    the page cache cannot keep it between epochs)."""
+    try:
+        memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError):
+        return True
+    return sum(array.nbytes for array in dataset.arrays.values()) > memory // 2
 
 
 def pad_rows(array: np.ndarray, size: int) -> np.ndarray:

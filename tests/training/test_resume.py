@@ -143,21 +143,22 @@ def _resume(directory: Path, *args: str) -> tuple[int, dict[str, np.ndarray]]:
 
 
 @pytest.mark.parametrize(
-    ("loader", "devices", "steps_per_transfer"),
+    ("loader", "devices", "steps_per_transfer", "order"),
     [
-        ("numpy", 1, 1),
-        ("torch", 1, 1),
-        ("tf", 1, 1),
-        ("grain", 1, 1),
-        ("hf", 1, 1),
-        ("numpy", 8, 1),
-        ("grain", 8, 3),
+        ("numpy", 1, 1, ()),
+        ("torch", 1, 1, ()),
+        ("tf", 1, 1, ()),
+        ("grain", 1, 1, ()),
+        ("hf", 1, 1, ()),
+        ("numpy", 8, 1, ()),
+        ("grain", 8, 3, ()),
+        ("hf", 1, 1, ("--block-shuffle", "300")),  # the block order resumes exactly too
     ],
 )
 def test_kill_9_mid_epoch_then_resume_is_bit_identical(
-    tmp_path, reference, loader, devices, steps_per_transfer
+    tmp_path, reference, loader, devices, steps_per_transfer, order
 ):
-    args = ["--loader", loader, "--devices", str(devices)]
+    args = ["--loader", loader, "--devices", str(devices), *order]
     args += ["--steps-per-transfer", str(steps_per_transfer)]
     directory = tmp_path / "checkpoints"
     target = random.choice(MID_EPOCH)
