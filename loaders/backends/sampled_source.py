@@ -101,9 +101,7 @@ class SampledSource(abc.ABC):
             ahead.close()
 
     def _iter_native(self, epoch: int, start: int) -> Iterator[Batch]:
-        self._advise(
-            random=bool(self.sampler.shuffle) and _bigger_than_half_of_memory(self.dataset)
-        )
+        self._advise(random_order=bool(self.sampler.shuffle))
         for batch in itertools.islice(self._native_batches(epoch), start, None):
             yield self._finish(batch, len(next(iter(batch.values()))))
 
