@@ -296,7 +296,10 @@ def main() -> None:
         line = f"2 processes, {what}: each fetched {got['fraction_read']} of the files"
         print(line)
         lines.append(line)
-    out = write_record("bigger-than-memory", args, results, ram_bytes=ram, cpus=os.cpu_count(),
+    internal = ("measure", "data", "backend", "order", "temperature", "read_slice", "process",
+                "batch")  # fmt: skip
+    shown = argparse.Namespace(**{k: v for k, v in vars(args).items() if k not in internal})
+    out = write_record("bigger-than-memory", shown, results, ram_bytes=ram, cpus=os.cpu_count(),
                        process_slices=slices)  # fmt: skip
     out.with_suffix(".txt").write_text("\n".join(lines) + "\n")
 
