@@ -3,8 +3,10 @@
 A backend reading memory-mapped rows waits for each page fault in turn. A
 thread walks the epoch's index plan up to `AHEAD_BYTES` ahead of the reader
 and asks the kernel to start reading the coming batches' rows
-(``posix_fadvise(WILLNEED)`` returns at once; the reads fill the page cache
-meanwhile, which torch and Grain worker processes share). Rows closer than
+(``madvise(WILLNEED)`` on the mapped rows returns at once; the reads fill the
+page cache meanwhile, which torch and Grain worker processes share). The
+rows may lie in several mapped chunks (`MappedRows`): hf reads its Arrow
+copy, chunk by chunk, not the dataset's files. Rows closer than
 `MERGE_GAP` bytes are asked for as one range, so a block order's batch
 becomes a few long reads; a full permutation's rows are asked for one by one,
 which keeps many reads in flight (with ``MADV_RANDOM``, measured on 36M rows
@@ -17,12 +19,12 @@ from __future__ import annotations
 
 import ctypes
 import mmap
-import os
 import threading
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import numpy as np
-from jaxfeed.loaders.data.on_disk import FileRows, file_rows
+from jaxfeed.loaders.data.on_disk import file_rows
 
 AHEAD_BYTES = 256 << 20
 """How far ahead of the reader rows are asked for (at least one batch)."""
@@ -32,38 +34,59 @@ _PROBES = 8  # rows of a batch checked for residency before it is asked for
 _PAGE = mmap.PAGESIZE
 
 
-def _libc_mincore():
+def _libc(name: str, *argtypes: type) -> object | None:
     try:
-        mincore = ctypes.CDLL(None, use_errno=True).mincore
+        function = getattr(ctypes.CDLL(None, use_errno=True), name)
     except (OSError, AttributeError):
         return None
-    mincore.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p)
-    return mincore
+    function.argtypes = argtypes
+    return function
 
 
-_MINCORE = _libc_mincore()
+_MINCORE = _libc("mincore", ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p)
+_MADVISE = _libc("madvise", ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+
+
+class MappedRows(NamedTuple):
+    """Where one field's rows lie in memory mapped from a file: row ``i`` is
+    ``row_bytes`` bytes at ``bases[i // chunk_rows] + (i % chunk_rows) * row_bytes``."""
+
+    bases: np.ndarray  # int64 addresses, one per chunk
+    chunk_rows: int
+    row_bytes: int
+
+    def addresses(self, rows: np.ndarray) -> np.ndarray:
+        return self.bases[rows // self.chunk_rows] + (rows % self.chunk_rows) * self.row_bytes
+
+
+def mapped_rows(arrays: Sequence[np.ndarray]) -> list[MappedRows]:
+    """The layouts of the fields among ``arrays`` that are mapped from files."""
+    return [
+        MappedRows(np.array([a.ctypes.data], np.int64), max(1, len(a)), rows.row_bytes)
+        for a in arrays
+        if (rows := file_rows(a)) is not None and rows.row_bytes
+    ]
 
 
 class DiskReadAhead:
     """Asks for the rows of ``plan[i + 1 :]`` (up to `AHEAD_BYTES`) while the
-    reader is at batch ``i`` (`reached`). A no-op without on-disk fields.
+    reader is at batch ``i`` (`reached`). A no-op without mapped fields.
 
     Args:
-      arrays: the dataset's fields (those memory-mapped from files are read ahead).
+      fields: where the fields' rows lie (`mapped_rows`).
       plan: the epoch's index batches, in reading order.
     """
 
-    def __init__(self, arrays: Sequence[np.ndarray], plan: Sequence[np.ndarray]):
-        self._fields = [(a, rows) for a in arrays if (rows := file_rows(a)) is not None]
+    def __init__(self, fields: Sequence[MappedRows], plan: Sequence[np.ndarray]):
+        self._fields = list(fields)
         self._plan = plan
         self._reached = -1
         self._changed = threading.Condition()
         self._closed = False
         self._thread = None
-        if not self._fields or not hasattr(os, "posix_fadvise") or not len(plan):
+        if not self._fields or _MADVISE is None or not len(plan):
             return
-        self._files = {rows.path: os.open(rows.path, os.O_RDONLY) for _, rows in self._fields}
-        batch_bytes = len(plan[0]) * sum(rows.row_bytes for _, rows in self._fields)
+        batch_bytes = len(plan[0]) * sum(field.row_bytes for field in self._fields)
         self._ahead = max(1, AHEAD_BYTES // max(1, batch_bytes))
         self._thread = threading.Thread(target=self._run, name="jaxfeed-read-ahead", daemon=True)
         self._thread.start()
@@ -80,8 +103,6 @@ class DiskReadAhead:
             self._changed.notify()
         if self._thread is not None:
             self._thread.join()
-            for fd in self._files.values():
-                os.close(fd)
             self._thread = None
 
     def _run(self) -> None:
@@ -99,40 +120,38 @@ class DiskReadAhead:
 
     def _ask(self, indices: np.ndarray) -> None:
         rows = np.unique(indices)
-        for array, where in self._fields:
-            if self._resident(array, where, rows):
+        for field in self._fields:
+            addresses = field.addresses(rows)
+            if _resident(addresses, field.row_bytes):
                 continue
-            for first, last in _ranges(rows, where.row_bytes):
-                start = where.offset + first * where.row_bytes
-                length = (last + 1 - first) * where.row_bytes
-                os.posix_fadvise(self._files[where.path], start, length, os.POSIX_FADV_WILLNEED)
+            for start, stop in _ranges(np.sort(addresses), field.row_bytes):
+                aligned = start - start % _PAGE
+                _MADVISE(aligned, stop - aligned, mmap.MADV_WILLNEED)
 
-    @staticmethod
-    def _resident(array: np.ndarray, where: FileRows, rows: np.ndarray) -> bool:
-        """Whether a sample of ``rows`` is in the page cache already."""
-        if _MINCORE is None:
+
+def _resident(addresses: np.ndarray, row_bytes: int) -> bool:
+    """Whether a sample of the rows at ``addresses`` is in the page cache already."""
+    if _MINCORE is None:
+        return False
+    picked = addresses[np.linspace(0, len(addresses) - 1, min(_PROBES, len(addresses))).astype(int)]
+    vector = ctypes.create_string_buffer(2)
+    for address in picked.tolist():
+        aligned = address - address % _PAGE
+        length = max(1, address + row_bytes - aligned)
+        pages = -(-length // _PAGE)
+        if pages > len(vector):
+            vector = ctypes.create_string_buffer(pages)
+        if _MINCORE(aligned, length, vector) != 0:
             return False
-        picked = rows[np.linspace(0, len(rows) - 1, min(_PROBES, len(rows))).astype(np.int64)]
-        vector = ctypes.create_string_buffer(2)
-        for row in picked.tolist():
-            address = array.ctypes.data + row * where.row_bytes
-            aligned = address - address % _PAGE
-            length = max(1, address + where.row_bytes - aligned)
-            pages = -(-length // _PAGE)
-            if pages > len(vector):
-                vector = ctypes.create_string_buffer(pages)
-            if _MINCORE(aligned, length, vector) != 0:
-                return False
-            if any(b & 1 == 0 for b in vector.raw[:pages]):
-                return False
-        return True
+        if any(b & 1 == 0 for b in vector.raw[:pages]):
+            return False
+    return True
 
 
-def _ranges(rows: np.ndarray, row_bytes: int) -> list[tuple[int, int]]:
-    """Sorted unique ``rows`` as ``(first, last)`` ranges, joined across gaps
-    under `MERGE_GAP` bytes."""
-    gap_rows = max(1, MERGE_GAP // max(1, row_bytes))
-    breaks = np.flatnonzero(np.diff(rows) > gap_rows)
-    firsts = rows[np.concatenate([[0], breaks + 1])]
-    lasts = rows[np.concatenate([breaks, [len(rows) - 1]])]
-    return list(zip(firsts.tolist(), lasts.tolist(), strict=True))
+def _ranges(addresses: np.ndarray, row_bytes: int) -> list[tuple[int, int]]:
+    """Sorted row ``addresses`` as ``(start, stop)`` byte ranges, joined across
+    gaps under `MERGE_GAP` bytes."""
+    breaks = np.flatnonzero(np.diff(addresses) > row_bytes + MERGE_GAP)
+    starts = addresses[np.concatenate([[0], breaks + 1])]
+    stops = addresses[np.concatenate([breaks, [len(addresses) - 1]])] + row_bytes
+    return list(zip(starts.tolist(), stops.tolist(), strict=True))

@@ -34,6 +34,7 @@ import pyarrow as pa
 from jaxfeed.loaders.array_dataset import ArrayDataset
 from jaxfeed.loaders.backends.sampled_source import SampledSource
 from jaxfeed.loaders.data.cache import build_once, cache_entry
+from jaxfeed.loaders.disk_read_ahead import MappedRows
 from jaxfeed.loaders.sampler import Sampler
 from tqdm import tqdm
 
@@ -97,6 +98,20 @@ class HFSource(SampledSource):
             for batch_indices in group:
                 start, stop = stop, stop + len(batch_indices)
                 yield {key: column[start:stop] for key, column in columns.items()}
+
+    def _read_rows(self) -> list[MappedRows]:
+        """The Arrow copy's rows (what this source reads), chunk by chunk; bools
+        (bit-packed) are left to the kernel."""
+        if not self._chunks:
+            return []
+        layouts = []
+        for column, array in enumerate(self.dataset.arrays.values()):
+            if array.dtype == np.bool_:
+                continue
+            data = [chunk.column(column).buffers()[-1] for chunk in self._chunks]
+            bases = np.array([buffer.address for buffer in data], np.int64)
+            layouts.append(MappedRows(bases, self._chunks[0].num_rows, array[:1].nbytes))
+        return layouts
 
     def _mapped_arrays(self) -> Iterator[np.ndarray]:
         yield from super()._mapped_arrays()

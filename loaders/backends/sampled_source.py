@@ -14,7 +14,7 @@ from collections.abc import Iterator, Mapping, Sequence
 import numpy as np
 from jaxfeed.loaders.array_dataset import ArrayDataset
 from jaxfeed.loaders.data.on_disk import advise
-from jaxfeed.loaders.disk_read_ahead import DiskReadAhead
+from jaxfeed.loaders.disk_read_ahead import DiskReadAhead, MappedRows, mapped_rows
 from jaxfeed.loaders.protocol import MASK_KEY, ArraySpec, Batch
 from jaxfeed.loaders.sampler import Sampler
 
@@ -91,7 +91,7 @@ class SampledSource(abc.ABC):
         index_batches = [indices for indices, _ in plan]
         self._advise(random_order=self.sampler.shuffle is True)
         # On-disk fields: the kernel starts reading the next batches' rows early.
-        ahead = DiskReadAhead(list(self.dataset.arrays.values()), index_batches)
+        ahead = DiskReadAhead(self._read_rows(), index_batches)
         try:
             fetched = self._fetch(index_batches)
             for step, ((_, num_valid), batch) in enumerate(zip(plan, fetched, strict=True)):
@@ -118,6 +118,10 @@ class SampledSource(abc.ABC):
         random = random_order and _bigger_than_half_of_memory(self.dataset)
         for array in self._mapped_arrays():
             advise(array, random)
+
+    def _read_rows(self) -> list[MappedRows]:
+        """Where the rows this source reads lie, for those mapped from files."""
+        return mapped_rows(list(self.dataset.arrays.values()))
 
     def _mapped_arrays(self) -> Iterator[np.ndarray]:
         """The arrays this source reads that may be mapped from files."""
