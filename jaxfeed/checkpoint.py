@@ -314,8 +314,6 @@ class Checkpointer:
                 f"{_write_failure(error)}. Free space there or pick a writable "
                 f"--checkpoint-dir; {kept}"
             ) from error
-        if step is not None and step == self.last_step:
-            self._written = step
 
     def save(
         self,
@@ -473,6 +471,7 @@ class Checkpointer:
         """
         with self._writing(self.last_step):
             self._manager.wait_until_finished()
+        self._written = self.last_step  # on disk now
 
     def close(self) -> None:
         """Waits for the save in progress to be written, then releases Orbax's

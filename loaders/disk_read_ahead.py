@@ -24,7 +24,8 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 import numpy as np
-from jaxfeed.loaders.data.on_disk import file_rows
+from jaxfeed.loaders.data.on_disk import MADVISE as _MADVISE
+from jaxfeed.loaders.data.on_disk import file_rows, libc_function
 
 AHEAD_BYTES = 256 << 20
 """How far ahead of the reader rows are asked for (at least one batch)."""
@@ -34,17 +35,7 @@ _PROBES = 8  # rows of a batch checked for residency before it is asked for
 _PAGE = mmap.PAGESIZE
 
 
-def _libc(name: str, *argtypes: type) -> object | None:
-    try:
-        function = getattr(ctypes.CDLL(None, use_errno=True), name)
-    except (OSError, AttributeError):
-        return None
-    function.argtypes = argtypes
-    return function
-
-
-_MINCORE = _libc("mincore", ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p)
-_MADVISE = _libc("madvise", ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+_MINCORE = libc_function("mincore", ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p)
 
 
 class MappedRows(NamedTuple):

@@ -16,17 +16,19 @@ import hashlib
 import mmap
 import os
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
 __all__ = [
+    "MADVISE",
     "FileRows",
     "advise",
     "file_rows",
     "for_pickle",
     "from_pickle",
     "identity",
+    "libc_function",
     "load_npy_directory",
     "npy_directory",
 ]
@@ -59,7 +61,7 @@ def file_rows(array: np.ndarray) -> FileRows | None:
     mapped = _memmap(array)
     if mapped is None or mapped.filename is None or not array.flags.c_contiguous:
         return None
-    mapping = mapped.base if isinstance(mapped.base, mmap.mmap) else mapped._mmap
+    mapping = getattr(mapped, "_mmap", None)  # numpy keeps the map of every memmap view here
     if not isinstance(mapping, mmap.mmap):
         return None
     # np.memmap maps from its offset rounded down to the allocation granularity.
@@ -69,16 +71,18 @@ def file_rows(array: np.ndarray) -> FileRows | None:
     return FileRows(os.fspath(mapped.filename), mapped_from + array.ctypes.data - start, row_bytes)
 
 
-def _libc_madvise():
+def libc_function(name: str, *argtypes: type) -> Any | None:
+    """The C library's ``name`` with its argument types, or None where there is
+    none (not glibc, not Linux): then the advice it would give is skipped."""
     try:
-        madvise = ctypes.CDLL(None, use_errno=True).madvise
+        function = getattr(ctypes.CDLL(None, use_errno=True), name)
     except (OSError, AttributeError):
         return None
-    madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
-    return madvise
+    function.argtypes = argtypes
+    return function
 
 
-_MADVISE = _libc_madvise()
+MADVISE = libc_function("madvise", ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
 _RANDOM = "_jaxfeed_random_reads"  # set on a np.memmap: its advice, for workers' copies
 
 
@@ -92,11 +96,11 @@ def advise(array: np.ndarray, random: bool) -> None:
     contiguous reads. Any array works (a view of a mapped file or of Arrow's
     mapped buffers); for one in memory it changes nothing.
     """
-    if _MADVISE is None or not array.nbytes:
+    if MADVISE is None or not array.nbytes:
         return
     start = array.ctypes.data - array.ctypes.data % mmap.PAGESIZE
     advice = mmap.MADV_RANDOM if random else mmap.MADV_NORMAL
-    _MADVISE(start, array.ctypes.data + array.nbytes - start, advice)
+    MADVISE(start, array.ctypes.data + array.nbytes - start, advice)
     mapped = _memmap(array)
     if mapped is not None:
         setattr(mapped, _RANDOM, random)

@@ -412,21 +412,13 @@ def test_a_terminals_ctrl_c_to_the_whole_group_stops_a_run_with_workers(tmp_path
     args = ["--loader", loader, "--loader-option", "num_workers=2", "--epochs", "20",
             "--batch-size", "16", "--checkpoint-dir", str(directory),
             "--checkpoint-every", "100"]  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": str(REPO), "JAX_PLATFORMS": "cpu"}
-    with log.open("w") as out:
-        child = subprocess.Popen(
-            [sys.executable, *_train(*args)], stdout=out, stderr=subprocess.STDOUT, env=env,
-            start_new_session=True,  # its own process group, as a terminal's job
-        )  # fmt: skip
+    child = _start_own_group(_train(*args), log)
     try:
         deadline = time.monotonic() + HARD_TIMEOUT
         while not _steps(directory) and time.monotonic() < deadline:  # the first save: step 100
             time.sleep(0.05)
         time.sleep(random.uniform(0.0, 3.0))  # then anywhere in the next epochs
-        os.killpg(child.pid, signal.SIGINT)
-        signalled = time.monotonic()
-        child.wait(timeout=HARD_TIMEOUT)
-        seconds = time.monotonic() - signalled
+        seconds = _seconds_to_exit(child, signal.SIGINT)
     finally:
         _end([child])
     output = _log(log)
@@ -448,20 +440,11 @@ def test_sigterm_to_a_run_with_workers_resumes_bit_identical_and_leaves_no_proce
     # blocked for good, and killed Grain workers leaked their shared memory.
     directory, log = tmp_path / "checkpoints", tmp_path / "run.log"
     args = ["--loader", loader, "--loader-option", "num_workers=2", "--devices", "1"]
-    env = {**os.environ, "PYTHONPATH": str(REPO), "JAX_PLATFORMS": "cpu"}
-    with log.open("w") as out:
-        child = subprocess.Popen(
-            [sys.executable, *_train(*RUN, *args, "--checkpoint-dir", str(directory),
-                                     "--checkpoint-every", "5")],
-            stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True,
-        )  # fmt: skip
+    checkpoints = ["--checkpoint-dir", str(directory), "--checkpoint-every", "5"]
+    child = _start_own_group(_train(*RUN, *args, *checkpoints), log)
     try:
         _stop_at_checkpoint([child], directory, random.choice([5, 10, 15, 20]))
-        os.killpg(child.pid, signal.SIGTERM)  # the workers get it too
-        signalled = time.monotonic()
-        child.send_signal(signal.SIGCONT)
-        child.wait(timeout=HARD_TIMEOUT)
-        seconds = time.monotonic() - signalled
+        seconds = _seconds_to_exit(child, signal.SIGTERM)  # the workers get it too
     finally:
         _end([child])
     output = _log(log)
@@ -475,6 +458,25 @@ def test_sigterm_to_a_run_with_workers_resumes_bit_identical_and_leaves_no_proce
     resumed_from, params = _resume(directory, *args)
     assert resumed_from == int(stopped[1])
     _assert_bit_identical(params, reference(*args), stopped[0])
+
+
+def _start_own_group(args: list[str], log: Path) -> subprocess.Popen:
+    """A child in a process group of its own, as a terminal's job: a signal to
+    the group reaches its loader workers too."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "JAX_PLATFORMS": "cpu"}
+    with log.open("w") as out:
+        return subprocess.Popen([sys.executable, *args], stdout=out, stderr=subprocess.STDOUT,
+                                env=env, start_new_session=True)  # fmt: skip
+
+
+def _seconds_to_exit(child: subprocess.Popen, signum: int) -> float:
+    """Sends ``signum`` to the child's whole group (resuming it if stopped) and
+    times its exit."""
+    os.killpg(child.pid, signum)
+    signalled = time.monotonic()
+    os.killpg(child.pid, signal.SIGCONT)
+    child.wait(timeout=HARD_TIMEOUT)
+    return time.monotonic() - signalled
 
 
 def _assert_group_gone(pgid: int) -> None:
