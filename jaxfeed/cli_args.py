@@ -13,7 +13,10 @@ from jaxfeed.loaders.sampler import MAX_SEED
 
 HELP_FORMAT = argparse.ArgumentDefaultsHelpFormatter
 
-DATASET_HELP = "mnist, mnist-sample (offline), mnist-10k, or a directory of IDX files"
+DATASET_HELP = (
+    "mnist, mnist-sample (offline), mnist-10k, digits-png (encoded and augmented: see "
+    "docs/data.md), a directory of .npy files, or a directory of IDX files"
+)
 
 DATA_DIR_HELP = "directory with the MNIST IDX files; None: $JAXFEED_DATA_DIR, then the cache"
 

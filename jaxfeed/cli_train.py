@@ -29,6 +29,8 @@ from jaxfeed.cli_args import (
 )
 from jaxfeed.mnist.train import TrainConfig  # already imported with the jaxfeed package
 
+FLOAT_IMAGE_LEARNING_RATE = 0.01
+
 
 def add_train(commands: argparse._SubParsersAction) -> None:
     train = subcommand(commands, "train", help="train the MNIST MLP through one loader backend")
@@ -42,8 +44,10 @@ def add_train(commands: argparse._SubParsersAction) -> None:
     train.add_argument(
         "--learning-rate",
         type=learning_rate,
-        default=defaults.learning_rate,
-        help="SGD learning rate (> 0)",
+        default=None,
+        help=f"SGD learning rate (> 0); None: {defaults.learning_rate} for uint8 images "
+        f"(scaled to [0, 1]), {FLOAT_IMAGE_LEARNING_RATE} for float images (normalised to "
+        "unit variance, as digits-png's augmentation gives them: many times the input energy)",
     )
     train.add_argument(
         "--momentum", type=momentum, default=defaults.momentum, help="SGD momentum, in [0, 1)"
@@ -295,9 +299,13 @@ def run_train(args: argparse.Namespace) -> int:
     except Exception as err:
         announce_failure(err)
         raise
+    rate = args.learning_rate
+    if rate is None:
+        uint8 = train_source.element_spec["image"].dtype == "uint8"
+        rate = TrainConfig.learning_rate if uint8 else FLOAT_IMAGE_LEARNING_RATE
     config = TrainConfig(
         epochs=args.epochs,
-        learning_rate=args.learning_rate,
+        learning_rate=rate,
         momentum=args.momentum,
         seed=args.seed,
         steps_per_transfer=args.steps_per_transfer,

@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 import types
 from collections.abc import Iterator, Mapping
+from typing import Any
 
 import numpy as np
+from jaxfeed.loaders.bytes_field import BytesField
 from jaxfeed.loaders.protocol import MASK_KEY
 
 __all__ = ["ArrayDataset"]
@@ -20,7 +22,11 @@ class ArrayDataset(Mapping[str, np.ndarray]):
 
     Any names, dtypes and per-row shapes: ``{"image": uint8 [N, 28, 28, 1],
     "label": int32 [N]}`` for MNIST, ``{"x": float32 [N, 3, 32, 32], "y":
-    int64 [N], "meta": float32 [N, 8]}`` for your own data. Every backend
+    int64 [N], "meta": float32 [N, 8]}`` for your own data, or encoded
+    records: ``{"png": [b"\\x89PNG...", ...], "label": ...}``, a field of
+    variable-length ``bytes`` per row (a list of them, a numpy object array
+    of them, or a `BytesField`), held as one buffer plus offsets; ``make``
+    then needs a ``transform`` that decodes it into numbers. Every backend
     builds its native pipeline (TFDS features, HF features, a torch
     ``Dataset``, a Grain source) from these names, dtypes and shapes, and
     every source's ``element_spec`` is ``[batch_size, *row_shape]`` of them.
@@ -35,11 +41,13 @@ class ArrayDataset(Mapping[str, np.ndarray]):
       name: a readable name, conventionally ``"<dataset>/<split>"``; it names
         native-format cache entries and appears in errors.
       arrays: field name -> array with the rows on axis 0.
+      transform: the per-record transform ``make`` runs when it is given
+        none (a named encoded dataset's own augmentation); None: none.
 
     Raises:
       TypeError: ``arrays`` is not a mapping of names to arrays.
-      ValueError: no fields; a field named ``"mask"``; a non-numeric field
-        (strings, objects); a scalar field; fields with different row
+      ValueError: no fields; a field named ``"mask"``; a field that is not
+        numbers or bytes (strings, other objects); a scalar field; fields with different row
         counts; no rows; a 64-bit integer that does not fit in 32 bits
         without x64. Each message names the field.
 
@@ -50,7 +58,7 @@ class ArrayDataset(Mapping[str, np.ndarray]):
       (10, ['x', 'y'], dtype('int32'))
     """
 
-    def __init__(self, name: str, arrays: Mapping[str, np.ndarray]):
+    def __init__(self, name: str, arrays: Mapping[str, np.ndarray], transform: Any = None):
         if not isinstance(arrays, Mapping):
             raise TypeError(
                 f"dataset {name!r}: arrays must be a dict of field name -> array, "
@@ -70,9 +78,10 @@ class ArrayDataset(Mapping[str, np.ndarray]):
         if not next(iter(rows.values())):
             raise ValueError(f"dataset {name!r} has no rows")
         self.name = name
-        self.arrays: Mapping[str, np.ndarray] = types.MappingProxyType(fields)
+        self.transform = transform
+        self.arrays: Mapping[str, np.ndarray | BytesField] = types.MappingProxyType(fields)
 
-    def __getitem__(self, key: str) -> np.ndarray:
+    def __getitem__(self, key: str) -> np.ndarray | BytesField:
         return self.arrays[key]
 
     def __iter__(self) -> Iterator[str]:
@@ -95,11 +104,18 @@ class ArrayDataset(Mapping[str, np.ndarray]):
         """The field names (as bytes) and every array, in order: what a cache
         key or a fingerprint hashes, so two datasets agree only if both match."""
         names = np.frombuffer(json.dumps(list(self.arrays)).encode(), np.uint8)
-        return (names, *self.arrays.values())
+        arrays = []
+        for array in self.arrays.values():
+            arrays.extend(array.content() if isinstance(array, BytesField) else (array,))
+        return (names, *arrays)
+
+    def bytes_fields(self) -> list[str]:
+        """The fields of encoded bytes, which only a transform can feed a device."""
+        return [key for key, array in self.arrays.items() if isinstance(array, BytesField)]
 
 
-def _field(dataset: str, key: object, value: object) -> np.ndarray:
-    """One field, checked and made a read-only, contiguous array."""
+def _field(dataset: str, key: object, value: object) -> np.ndarray | BytesField:
+    """One field, checked and made a read-only, contiguous array (or a `BytesField`)."""
     if not isinstance(key, str) or not key:
         raise TypeError(f"dataset {dataset!r}: field names must be non-empty str, got {key!r}")
     where = f"dataset {dataset!r}, field {key!r}"
@@ -108,12 +124,19 @@ def _field(dataset: str, key: object, value: object) -> np.ndarray:
             f"{where}: the name {MASK_KEY!r} is reserved for the row mask jaxfeed adds to "
             "padded batches; rename the field (e.g. 'attention_mask')"
         )
+    if isinstance(value, BytesField):
+        return value
+    if _is_bytes_rows(value):
+        try:
+            return BytesField.from_values(value)
+        except TypeError as err:
+            raise ValueError(f"{where}: {err}; a bytes field holds bytes in every row") from None
     array = np.asarray(value)
     if array.dtype.kind not in _NUMERIC_KINDS:
         raise ValueError(
-            f"{where} is {array.dtype} ({array.dtype.kind!r} kind); datasets hold numbers "
-            "or bools only (JAX arrays cannot hold strings or objects): encode it as "
-            "numbers first (token ids, class ids) or leave it out"
+            f"{where} is {array.dtype} ({array.dtype.kind!r} kind); datasets hold numbers, "
+            "bools or encoded bytes (a list of bytes per row) only: encode it as numbers "
+            "(token ids, class ids) or bytes first, or leave it out"
         )
     if array.ndim == 0:
         raise ValueError(f"{where} is a scalar; every field needs one row per example on axis 0")
@@ -121,6 +144,18 @@ def _field(dataset: str, key: object, value: object) -> np.ndarray:
     view = np.ascontiguousarray(array).view()
     view.flags.writeable = False
     return view
+
+
+def _is_bytes_rows(value: object) -> bool:
+    """A list, tuple or object array whose first row is ``bytes``: a bytes field."""
+    if isinstance(value, np.ndarray):
+        return (
+            value.dtype.kind == "O"
+            and value.ndim == 1
+            and len(value) > 0
+            and (isinstance(value[0], bytes))
+        )
+    return isinstance(value, list | tuple) and len(value) > 0 and isinstance(value[0], bytes)
 
 
 def as_device_dtype(

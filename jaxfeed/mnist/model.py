@@ -22,12 +22,15 @@ def init_params(key: jax.Array, sizes: tuple[int, ...] = LAYER_SIZES) -> Params:
 
 
 def predict(params: Params, images: jax.Array) -> jax.Array:
-    """Log-probabilities [B, 10] for uint8 images [B, 28, 28, 1].
+    """Log-probabilities [B, 10] for images [B, ...] of ``sizes[0]`` values.
 
-    Images arrive as uint8 (4x fewer bytes over the host-to-device link) and
-    are normalised here, on device.
+    MNIST images arrive as uint8 (4x fewer bytes over the host-to-device
+    link) and are scaled to [0, 1] here, on device; float images (an
+    augmentation's normalised output) are used as they come.
     """
-    x = images.reshape(images.shape[0], -1).astype(jnp.float32) / 255.0
+    x = images.reshape(images.shape[0], -1).astype(jnp.float32)
+    if jnp.issubdtype(images.dtype, jnp.integer):
+        x = x / 255.0
     for w, b in params[:-1]:
         x = jax.nn.relu(x @ w + b)
     w, b = params[-1]

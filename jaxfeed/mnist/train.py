@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -14,7 +15,7 @@ from jax.sharding import Mesh, NamedSharding
 from jaxfeed.checkpoint import Checkpointing
 from jaxfeed.loaders.protocol import BatchSource
 from jaxfeed.loop import Sums, batch_mask, evaluate_metrics, fit
-from jaxfeed.mnist.model import Params, init_params, predict
+from jaxfeed.mnist.model import LAYER_SIZES, Params, init_params, predict
 
 State = dict[str, Any]  # {"params": Params, "opt_state": optax state}
 
@@ -34,9 +35,10 @@ def optimizer(config: TrainConfig) -> optax.GradientTransformation:
     return optax.sgd(config.learning_rate, momentum=config.momentum)
 
 
-def init_state(config: TrainConfig) -> State:
-    """Initial parameters (from ``config.seed``) and optimizer state."""
-    params = init_params(jax.random.key(config.seed))
+def init_state(config: TrainConfig, input_size: int = LAYER_SIZES[0]) -> State:
+    """Initial parameters (from ``config.seed``) and optimizer state, for
+    images of ``input_size`` values (784 for MNIST)."""
+    params = init_params(jax.random.key(config.seed), (input_size, *LAYER_SIZES[1:]))
     return {"params": params, "opt_state": optimizer(config).init(params)}
 
 
@@ -113,7 +115,9 @@ def train(
     """Trains the MLP with `jaxfeed.fit`; returns the final parameters and per-epoch metrics.
 
     Args:
-      train_source: training batches (any `BatchSource`).
+      train_source: training batches (any `BatchSource`) with ``image`` (any
+        shape: the MLP's input is its size; uint8 is scaled to [0, 1]) and
+        ``label`` (class ids 0-9).
       test_source: evaluated after every epoch, or None.
       config: hyper-parameters.
       sharding: batch sharding or mesh (default: all devices).
@@ -130,7 +134,7 @@ def train(
     callbacks = [] if on_epoch is None else [lambda metrics: on_epoch(_record(metrics))]
     result = fit(
         make_train_step(config),
-        init_state(config),
+        init_state(config, math.prod(train_source.element_spec["image"].shape[1:])),
         train_source,
         epochs=config.epochs,
         eval=test_source,

@@ -26,6 +26,7 @@ from jaxfeed.loaders.backends.tfds_store import import_tfds, split_name, store
 from jaxfeed.loaders.data.on_disk import for_pickle, from_pickle
 from jaxfeed.loaders.protocol import Batch
 from jaxfeed.loaders.sampler import Sampler
+from jaxfeed.loaders.transform import RecordTransform
 from jaxfeed.loaders.workers import children_ignore_stop_signals
 
 SOURCES = ("memory", "tfds")
@@ -80,17 +81,43 @@ class TfdsSource:
         if len(indices) == 0:
             return self._empty.read_batch(indices)
         records = self.source.__getitems__([int(i) for i in indices])
-        return {key: np.stack([r[key] for r in records]) for key in self._empty.arrays}
+        return {key: _stack([r[key] for r in records], array.dtype)
+                for key, array in self._empty.arrays.items()}  # fmt: skip
+
+
+def _stack(values: list, dtype: np.dtype) -> np.ndarray:
+    """Records' values as one array; bytes as an object array (a bytes
+    dtype would drop trailing zero bytes)."""
+    if dtype.kind != "O":
+        return np.stack(values)
+    out = np.empty(len(values), dtype=object)
+    out[:] = values
+    return out
 
 
 class _GatherBatch(grain.transforms.Map):
-    """Maps one array of indices to one batch (picklable for worker processes)."""
+    """Maps one array of indices to one batch (picklable for worker processes);
+    ``(epoch, indices)`` to ``(epoch, indices, batch)`` for `_TransformBatch`."""
 
     def __init__(self, records: ArraySource | TfdsSource):
         self.records = records
 
-    def map(self, element: np.ndarray) -> dict[str, np.ndarray]:
+    def map(self, element: np.ndarray | tuple) -> dict[str, np.ndarray] | tuple:
+        if isinstance(element, tuple):
+            epoch, indices = element
+            return epoch, indices, self.records.read_batch(np.asarray(indices, dtype=np.int64))
         return self.records.read_batch(np.asarray(element, dtype=np.int64))
+
+
+class _TransformBatch(grain.transforms.Map):
+    """The per-record transform, as a Grain map step (so in Grain's workers)."""
+
+    def __init__(self, transform: RecordTransform):
+        self.transform = transform
+
+    def map(self, element: tuple) -> dict[str, np.ndarray]:
+        epoch, indices, rows = element
+        return self.transform.batch(rows, indices, epoch)
 
 
 class _AllEpochs:
@@ -102,20 +129,20 @@ class _AllEpochs:
     computes an epoch's plan once, from the shared sampler.
     """
 
-    def __init__(self, sampler: Sampler):
-        self.sampler = sampler
+    def __init__(self, sampler: Sampler, with_epoch: bool = False):
+        self.sampler, self.with_epoch = sampler, with_epoch
         self._plan: tuple[int, list[np.ndarray]] = (-1, [])
 
     def __len__(self) -> int:
         return sys.maxsize
 
-    def __getitem__(self, index: int) -> np.ndarray:
+    def __getitem__(self, index: int) -> np.ndarray | tuple[int, np.ndarray]:
         epoch, step = divmod(index, self.sampler.num_batches)
         plan = self._plan  # read once: reader threads may replace it meanwhile
         if plan[0] != epoch:
             plan = (epoch, [indices for indices, _ in self.sampler.epoch_plan(epoch)])
             self._plan = plan
-        return plan[1][step]
+        return (epoch, plan[1][step]) if self.with_epoch else plan[1][step]
 
 
 class _Reader:
@@ -133,8 +160,11 @@ class _Reader:
         records: ArraySource | TfdsSource,
         num_workers: int,
         num_threads: int,
+        transform: RecordTransform | None = None,
     ):
         self._batches = index_batches.map(_GatherBatch(records))
+        if transform is not None:
+            self._batches = self._batches.map(_TransformBatch(transform))
         self._num_workers, self._num_threads = num_workers, num_threads
         self._iterator: Iterator[dict[str, np.ndarray]] | None = None
         self.position: int | None = None  # what the running iterator reads next
@@ -189,6 +219,8 @@ class GrainSource(SampledSource):
       num_threads: Grain reader threads per process (``grain.ReadOptions``);
         default 0 for the in-memory source (a gather is too cheap to share
         out), 16 (Grain's default) for TFDS.
+      transform: see `SampledSource`; a Grain map step after the gather, so
+        it runs in Grain's worker processes.
     """
 
     def __init__(
@@ -199,8 +231,9 @@ class GrainSource(SampledSource):
         source: str = "memory",
         num_workers: int = 0,
         num_threads: int | None = None,
+        transform: RecordTransform | None = None,
     ):
-        super().__init__(dataset, sampler, order)
+        super().__init__(dataset, sampler, order, transform)
         if source not in SOURCES:
             raise ValueError(f"source must be one of {SOURCES}, got {source!r}")
         for name, value in (("num_workers", num_workers), ("num_threads", num_threads)):
@@ -215,9 +248,13 @@ class GrainSource(SampledSource):
             self.records = TfdsSource(_tfds_data_source(dataset), dataset)
         self._workers: _Reader | None = None
         self._reading = threading.Lock()  # held while an epoch reads `_workers`
+        if transform is not None and num_workers:
+            transform.check_picklable(f"Grain's num_workers={num_workers}")
         if order == "sampler" and num_workers:
-            everything = grain.MapDataset.source(_AllEpochs(sampler))
-            self._workers = _Reader(everything, self.records, num_workers, self.num_threads)
+            everything = grain.MapDataset.source(_AllEpochs(sampler, transform is not None))
+            self._workers = _Reader(
+                everything, self.records, num_workers, self.num_threads, transform
+            )
             weakref.finalize(self, self._workers.close)  # also runs at exit
 
     def iter_epoch(self, epoch: int = 0, *, start: int = 0) -> Iterator[Batch]:
@@ -255,13 +292,17 @@ class GrainSource(SampledSource):
     def _position(self, epoch: int, start: int) -> int:
         """Global batch ``start`` of ``epoch`` in `_AllEpochs`."""
         running = self._workers.position
-        if not self.sampler.shuffle and running is not None:
+        if not self.sampler.shuffle and self.transform is None and running is not None:
             # Unshuffled epochs are identical: stay in the epoch being read, so
             # re-reading epoch 0 (an evaluation set) keeps the workers too.
             epoch = running // self.num_batches
         return epoch * self.num_batches + start
 
-    def _fetch(self, index_batches: Sequence[np.ndarray]) -> Iterator[Mapping[str, np.ndarray]]:
+    def _fetch(
+        self, index_batches: Sequence[np.ndarray], epoch: int
+    ) -> Iterator[Mapping[str, np.ndarray]]:
+        if self.transform is not None:  # the transform step needs the epoch
+            index_batches = [(epoch, indices) for indices in index_batches]
         return self._iterate(grain.MapDataset.source(list(index_batches)))
 
     def _native_epoch(self, epoch: int) -> Iterator[Mapping[str, np.ndarray]]:
@@ -283,7 +324,9 @@ class GrainSource(SampledSource):
             # worker's last batch (in shared memory) in a reference cycle,
             # leaked if no garbage collection runs before exit.
             index_batches = index_batches.repeat(reseed_each_epoch=False)
-        reader = _Reader(index_batches, self.records, self.num_workers, self.num_threads)
+        reader = _Reader(
+            index_batches, self.records, self.num_workers, self.num_threads, self.transform
+        )
         try:
             for position in range(count):
                 yield reader.next_batch(position)

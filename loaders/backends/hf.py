@@ -33,12 +33,15 @@ import numpy as np
 import pyarrow as pa
 from jaxfeed.loaders.array_dataset import ArrayDataset
 from jaxfeed.loaders.backends.sampled_source import SampledSource
+from jaxfeed.loaders.bytes_field import BytesField
 from jaxfeed.loaders.data.cache import build_once, cache_entry
 from jaxfeed.loaders.disk_read_ahead import MappedRows
+from jaxfeed.loaders.record_pool import RecordPool
 from jaxfeed.loaders.sampler import Sampler
+from jaxfeed.loaders.transform import RecordTransform, check_workers
 from tqdm import tqdm
 
-OPTIONS = ("order", "read")
+OPTIONS = ("order", "read", "num_workers")
 READS = ("take", "getitem")
 # Bump when the stored layout changes: old caches are then not reused.
 # v2: entries carry a manifest (jaxfeed.loaders.data.cache.build_once).
@@ -68,12 +71,26 @@ class HFSource(SampledSource):
         out every row separately and joins them, which is much slower.
         Either way one call gathers as many whole batches as fit in
         `BYTES_PER_TAKE` (at least one), and only those rows are read.
+      transform: see `SampledSource`. As ``Dataset.with_transform`` does, it
+        runs on the rows as they are read from Arrow, in this process; or,
+        with ``num_workers``, in that many worker processes (a `RecordPool`),
+        each mapping the Arrow file and reading its own rows. (`datasets`
+        has no worker processes of its own for on-the-fly transforms;
+        ``Dataset.map(num_proc=...)`` computes a new copy once, which fits
+        a deterministic preprocessing, not a new augmentation every epoch.)
+      num_workers: worker processes for the transform (needs one).
     """
 
     def __init__(
-        self, dataset: ArrayDataset, sampler: Sampler, order: str = "sampler", read: str = "take"
+        self,
+        dataset: ArrayDataset,
+        sampler: Sampler,
+        order: str = "sampler",
+        read: str = "take",
+        transform: RecordTransform | None = None,
+        num_workers: int = 0,
     ):
-        super().__init__(dataset, sampler, order)
+        super().__init__(dataset, sampler, order, transform)
         if read not in READS:
             raise ValueError(f"read must be one of {READS}, got {read!r}")
         self.read = read
@@ -83,21 +100,39 @@ class HFSource(SampledSource):
         self.rows = rows.with_format("arrow")
         # The file's record batches, memory-mapped: views, not copies.
         self._chunks = self.rows.data.table.to_batches() if read == "take" else None
+        self._layout = {key: (a.shape[1:], a.dtype) for key, a in dataset.arrays.items()}
+        self._pool = None
+        if check_workers("hf", num_workers, transform):
+            reader = ArrowRows(self.path / ARROW_FILE, self._layout)
+            self._pool = RecordPool(reader, transform, num_workers)
 
-    def _fetch(self, index_batches: Sequence[np.ndarray]) -> Iterator[Mapping[str, np.ndarray]]:
+    def _fetch(
+        self, index_batches: Sequence[np.ndarray], epoch: int
+    ) -> Iterator[Mapping[str, np.ndarray]]:
+        if self._pool is not None:
+            yield from self._pool.batches(index_batches, epoch)
+            return
         row_bytes = sum(array[:1].nbytes for array in self.dataset.arrays.values())
         per_call = max(1, BYTES_PER_TAKE // (self.batch_size * row_bytes))
         for first in range(0, len(index_batches), per_call):
             group = index_batches[first : first + per_call]
             indices = np.concatenate(group)
-            rows = self.rows[indices] if self._chunks is None else self._take(indices)
-            columns = self._to_numpy(rows)
+            rows = self.rows[indices] if self._chunks is None else take(self._chunks, indices)
+            columns = to_numpy(rows, self._layout)
             # Batches are views of the call's rows (no copy), so one the caller
             # keeps also keeps the rest of its call's rows in memory.
             stop = 0
             for batch_indices in group:
                 start, stop = stop, stop + len(batch_indices)
-                yield {key: column[start:stop] for key, column in columns.items()}
+                batch = {key: column[start:stop] for key, column in columns.items()}
+                if self.transform is not None:
+                    batch = self.transform.batch(batch, batch_indices, epoch)
+                yield batch
+
+    def close(self) -> None:
+        """Stops the worker processes (if any); the next epoch starts new ones."""
+        if self._pool is not None:
+            self._pool.close()
 
     def _read_rows(self) -> list[MappedRows]:
         """The Arrow copy's rows (what this source reads), chunk by chunk; bools
@@ -106,7 +141,7 @@ class HFSource(SampledSource):
             return []
         layouts = []
         for column, array in enumerate(self.dataset.arrays.values()):
-            if array.dtype == np.bool_:
+            if array.dtype == np.bool_ or isinstance(array, BytesField):  # no fixed row size
                 continue
             data = [chunk.column(column).buffers()[-1] for chunk in self._chunks]
             bases = np.array([buffer.address for buffer in data], np.int64)
@@ -121,22 +156,6 @@ class HFSource(SampledSource):
                     if buffer is not None:
                         yield np.frombuffer(buffer, np.uint8)
 
-    def _take(self, indices: np.ndarray) -> pa.Table:
-        """Rows ``indices`` in that order: one ``take`` per record batch that holds some."""
-        if len(self._chunks) == 1:
-            return pa.Table.from_batches([self._chunks[0].take(indices)])
-        rows = self._chunks[0].num_rows  # every chunk but the last holds as many
-        chunk = indices // rows
-        by_chunk = np.argsort(chunk, kind="stable")
-        bounds = np.searchsorted(chunk[by_chunk], np.arange(len(self._chunks) + 1))
-        pieces = [
-            self._chunks[c].take(indices[by_chunk[lo:hi]] - c * rows)
-            for c, (lo, hi) in enumerate(itertools.pairwise(bounds))
-            if hi > lo
-        ]
-        # Back from chunk order to the asked order: a take on the few rows gathered.
-        return pa.Table.from_batches(pieces).take(np.argsort(by_chunk))
-
     def _native_epoch(self, epoch: int) -> Iterator[Mapping[str, np.ndarray]]:
         s = self.sampler
         ds = self.rows
@@ -146,22 +165,64 @@ class HFSource(SampledSource):
         if s.process_count > 1:
             ds = ds.shard(s.process_count, s.process_index, contiguous=True, keep_in_memory=True)
         for table in ds.iter(batch_size=s.batch_size, drop_last_batch=s.drop_remainder):
-            yield self._to_numpy(table)
+            yield to_numpy(table, self._layout)
 
-    def _to_numpy(self, table: pa.Table) -> dict[str, np.ndarray]:
-        """Arrow columns to numpy: one copy to join the gathered rows, then views."""
-        # ds[indices] returns one chunk per row; joining the whole table at once
-        # is cheaper than joining column by column.
-        (rows,) = table.combine_chunks().to_batches()
-        out = {}
-        for key, array in self.dataset.arrays.items():
-            column = rows.column(key)
-            if array.ndim > 1:  # a fixed-size list of the row's values, flattened
-                column = column.flatten()
-            # Bools are bit-packed in Arrow: the one field that must be copied.
-            values = column.to_numpy(zero_copy_only=array.dtype != np.bool_)
-            out[key] = values.reshape(-1, *array.shape[1:])
-        return out
+
+def take(chunks: Sequence[pa.RecordBatch], indices: np.ndarray) -> pa.Table:
+    """Rows ``indices`` in that order: one ``take`` per record batch that holds some."""
+    if len(chunks) == 1:
+        return pa.Table.from_batches([chunks[0].take(indices)])
+    rows = chunks[0].num_rows  # every chunk but the last holds as many
+    chunk = indices // rows
+    by_chunk = np.argsort(chunk, kind="stable")
+    bounds = np.searchsorted(chunk[by_chunk], np.arange(len(chunks) + 1))
+    pieces = [
+        chunks[c].take(indices[by_chunk[lo:hi]] - c * rows)
+        for c, (lo, hi) in enumerate(itertools.pairwise(bounds))
+        if hi > lo
+    ]
+    # Back from chunk order to the asked order: a take on the few rows gathered.
+    return pa.Table.from_batches(pieces).take(np.argsort(by_chunk))
+
+
+Layout = Mapping[str, tuple[tuple[int, ...], np.dtype]]
+"""Each field's row shape and dtype (object: bytes), as the dataset holds it."""
+
+
+def to_numpy(table: pa.Table, layout: Layout) -> dict[str, np.ndarray]:
+    """Arrow columns to numpy: one copy to join the gathered rows, then views
+    (bytes: an object array of them)."""
+    # ds[indices] returns one chunk per row; joining the whole table at once
+    # is cheaper than joining column by column.
+    (rows,) = table.combine_chunks().to_batches()
+    out = {}
+    for key, (shape, dtype) in layout.items():
+        column = rows.column(key)
+        if shape:  # a fixed-size list of the row's values, flattened
+            column = column.flatten()
+        # Bools are bit-packed in Arrow, bytes are objects: the fields that are copied.
+        values = column.to_numpy(zero_copy_only=dtype not in (np.bool_, object))
+        out[key] = values.reshape(-1, *shape)
+    return out
+
+
+class ArrowRows:
+    """Rows of the Arrow copy, for worker processes: each maps the file itself
+    (so a pickle holds its path, not its bytes) and gathers with `take`."""
+
+    def __init__(self, path: Path, layout: Layout):
+        self.path, self.layout = path, dict(layout)
+        self._chunks: list[pa.RecordBatch] | None = None
+
+    def __getstate__(self) -> dict:
+        return {"path": self.path, "layout": self.layout, "_chunks": None}
+
+    def __call__(self, indices: np.ndarray) -> dict[str, np.ndarray]:
+        if self._chunks is None:
+            with _no_progress_bars():
+                rows = datasets.Dataset.from_file(str(self.path))
+            self._chunks = rows.data.table.to_batches()
+        return to_numpy(take(self._chunks, indices), self.layout)
 
 
 def cache_path(dataset: ArrayDataset) -> Path:
@@ -210,6 +271,9 @@ def _schema(dataset: ArrayDataset) -> pa.Schema:
     features read back far slower)."""
     features = {}
     for key, array in dataset.arrays.items():
+        if isinstance(array, BytesField):  # int64 offsets: no 2 GiB limit per record batch
+            features[key] = datasets.Value("large_binary")
+            continue
         value = datasets.Value(array.dtype.name)
         width = int(np.prod(array.shape[1:]))
         features[key] = value if array.ndim == 1 else datasets.Sequence(value, length=width)
@@ -223,6 +287,11 @@ def _record_batch(
     buffers (no copy, except bools, which Arrow packs into bits)."""
     columns = []
     for array in dataset.arrays.values():
+        if isinstance(array, BytesField):
+            part = array[start:stop]
+            buffers = [None, pa.py_buffer(part.offsets), pa.py_buffer(part.data)]
+            columns.append(pa.Array.from_buffers(pa.large_binary(), len(part), buffers))
+            continue
         flat = array[start:stop].reshape(-1)
         if array.dtype == np.bool_:
             values = pa.array(flat)

@@ -12,6 +12,7 @@ from typing import Any
 from jaxfeed.loaders.data.catalog import DatasetLike, load_dataset
 from jaxfeed.loaders.protocol import BatchSource
 from jaxfeed.loaders.sampler import Sampler, check_batch_size, check_seed, default_block_rows
+from jaxfeed.loaders.transform import RecordFn, RecordTransform
 
 
 @dataclasses.dataclass(frozen=True)
@@ -149,6 +150,7 @@ def make(
     process_count: int = 1,
     block_rows: int | None = None,
     window_blocks: int | None = None,
+    transform: RecordFn | None = None,
     **backend_options: Any,
 ) -> BatchSource:
     """A `BatchSource` reading ``dataset``/``split`` through ``backend``.
@@ -177,6 +179,15 @@ def make(
       data_dir: directory holding the IDX files (else resolved; see docs/data.md).
       process_index, process_count: this process's slice of each global batch.
       block_rows, window_blocks: the blocks of ``shuffle="blocks"``.
+      transform: ``fn(record, rng) -> dict``, run on every record: one row's
+        values in (numpy rows; ``bytes`` for an encoded field), fixed-shape
+        numbers out (they are the batches and ``element_spec``). ``rng`` is
+        a ``numpy.random.Generator`` seeded from ``(seed, epoch, row)``, so
+        a random augmentation is byte-identical across backends, process
+        counts and resumes, and new every epoch. Each backend runs it where
+        its framework runs per-record work, in ``num_workers`` processes
+        (tf: parallel ``map`` calls); see docs/data.md. Needed by a dataset
+        with an encoded bytes field.
       **backend_options: passed to the backend (e.g. ``num_workers``).
 
     Returns:
@@ -184,11 +195,14 @@ def make(
 
     Raises:
       ValueError: unknown backend, dataset or split; a bad field in your data
-        (named); a batch size below 1 or larger than the split; a seed
-        outside ``[0, 2**32 - 1]``.
-      TypeError: an option the backend does not take; a batch size or seed
+        (named); a bytes field without a ``transform``; a batch size below 1
+        or larger than the split; a seed outside ``[0, 2**32 - 1]``.
+      TypeError: an option the backend does not take; a transform that is
+        not callable, or not picklable while worker processes need it; a batch size or seed
         that is not an int (numpy integers are fine; bools and floats are not).
       ImportError: the backend's package is missing.
+      TransformError: the transform fails on row 0 or returns anything but
+        a dict of numbers.
 
     Example:
       >>> source = loaders.make("numpy", dataset="mnist-sample", batch_size=32)
@@ -227,4 +241,7 @@ def make(
             f"the {backend} backend got unknown option(s) {unknown}; "
             f"it takes {list(module.OPTIONS)}"
         )
+    transform = data.transform if transform is None else transform
+    if transform is not None:
+        backend_options["transform"] = RecordTransform(transform, seed, data)
     return module.build(data, sampler, **backend_options)

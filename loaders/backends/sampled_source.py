@@ -13,10 +13,12 @@ from collections.abc import Iterator, Mapping, Sequence
 
 import numpy as np
 from jaxfeed.loaders.array_dataset import ArrayDataset
+from jaxfeed.loaders.bytes_field import BytesField
 from jaxfeed.loaders.data.on_disk import advise
 from jaxfeed.loaders.disk_read_ahead import DiskReadAhead, MappedRows, mapped_rows
 from jaxfeed.loaders.protocol import MASK_KEY, ArraySpec, Batch
 from jaxfeed.loaders.sampler import Sampler
+from jaxfeed.loaders.transform import RecordTransform
 
 
 class SampledSource(abc.ABC):
@@ -29,14 +31,24 @@ class SampledSource(abc.ABC):
         backends. ``"native"``: the framework's own shuffling, seeded by
         ``seed`` and the epoch; reproducible for one backend but NOT
         comparable across backends.
+      transform: a `RecordTransform` each backend runs on every record it
+        reads, where its framework runs per-record work; the batches are its
+        output (``element_spec`` too).
 
     Raises:
-      ValueError: unknown ``order``, or a sampler that does not fit the dataset.
+      ValueError: unknown ``order``, a sampler that does not fit the dataset,
+        a transform with ``order="native"``, or a bytes field without one.
     """
 
     ORDERS = ("sampler", "native")
 
-    def __init__(self, dataset: ArrayDataset, sampler: Sampler, order: str = "sampler"):
+    def __init__(
+        self,
+        dataset: ArrayDataset,
+        sampler: Sampler,
+        order: str = "sampler",
+        transform: RecordTransform | None = None,
+    ):
         if sampler.num_examples != len(dataset):
             raise ValueError(
                 f"sampler covers {sampler.num_examples} examples but dataset "
@@ -49,9 +61,28 @@ class SampledSource(abc.ABC):
                 "shuffle='blocks' is the shared sampler's order; order='native' shuffles "
                 "with the framework's own full shuffle. Pick one of them"
             )
+        if order == "native" and transform is not None:
+            raise ValueError(
+                "a transform runs in the shared sampler's order, where every row's random "
+                "draw is known; order='native' is the framework's own. Pick one of them"
+            )
+        encoded = dataset.bytes_fields()
+        if encoded and transform is None:
+            raise ValueError(
+                f"dataset {dataset.name}: field(s) {encoded} hold encoded bytes, which cannot "
+                "reach a device; pass transform=fn, a function fn(record, rng) that decodes "
+                "them into arrays (see docs/data.md)"
+            )
         self.dataset = dataset
         self.sampler = sampler
         self.order = order
+        self.transform = transform
+        # Each field's row shape and dtype in the batches: the transform's output, or the data.
+        self._rows = (
+            {key: (a.shape[1:], a.dtype) for key, a in dataset.arrays.items()}
+            if transform is None
+            else transform.spec
+        )
 
     @property
     def batch_size(self) -> int:
@@ -74,7 +105,7 @@ class SampledSource(abc.ABC):
         """The dataset's own fields, ``[batch_size, *row_shape]``, plus ``mask``
         unless short batches are dropped."""
         b = self.batch_size
-        spec = {k: ArraySpec((b, *a.shape[1:]), a.dtype) for k, a in self.dataset.arrays.items()}
+        spec = {k: ArraySpec((b, *shape), dtype) for k, (shape, dtype) in self._rows.items()}
         if not self.sampler.drop_remainder:
             spec[MASK_KEY] = ArraySpec((b,), np.dtype(np.bool_))
         return spec
@@ -93,7 +124,7 @@ class SampledSource(abc.ABC):
         # On-disk fields: the kernel starts reading the next batches' rows early.
         ahead = DiskReadAhead(self._read_rows(), index_batches)
         try:
-            fetched = self._fetch(index_batches)
+            fetched = self._fetch(index_batches, epoch)
             for step, ((_, num_valid), batch) in enumerate(zip(plan, fetched, strict=True)):
                 ahead.reached(step)
                 yield self._finish(batch, num_valid)
@@ -125,7 +156,8 @@ class SampledSource(abc.ABC):
 
     def _mapped_arrays(self) -> Iterator[np.ndarray]:
         """The arrays this source reads that may be mapped from files."""
-        yield from self.dataset.arrays.values()
+        for array in self.dataset.arrays.values():
+            yield from array.content() if isinstance(array, BytesField) else (array,)
 
     def __len__(self) -> int:
         return self.num_batches
@@ -139,9 +171,12 @@ class SampledSource(abc.ABC):
         )
 
     @abc.abstractmethod
-    def _fetch(self, index_batches: Sequence[np.ndarray]) -> Iterator[Mapping[str, np.ndarray]]:
-        """Yields one batch (a dict with every field of the dataset) per index
-        array, in order, read through the backend's own framework."""
+    def _fetch(
+        self, index_batches: Sequence[np.ndarray], epoch: int
+    ) -> Iterator[Mapping[str, np.ndarray]]:
+        """Yields one batch per index array of ``epoch``, in order, read through
+        the backend's own framework: every field of the dataset, or, with a
+        transform, of its output (``self.transform.batch``)."""
 
     def _native_batches(self, epoch: int) -> Iterator[Mapping[str, np.ndarray]]:
         """`_native_epoch`, capped at and padded up to ``num_batches``: a
@@ -165,8 +200,8 @@ class SampledSource(abc.ABC):
         """Casts each field to the dataset's dtype and row shape; pads to
         ``batch_size`` with zero rows and adds ``mask``."""
         out = {
-            key: np.asarray(batch[key], dtype=array.dtype).reshape(-1, *array.shape[1:])
-            for key, array in self.dataset.arrays.items()
+            key: np.asarray(batch[key], dtype=dtype).reshape(-1, *shape)
+            for key, (shape, dtype) in self._rows.items()
         }
         if self.sampler.drop_remainder:
             return out

@@ -21,10 +21,12 @@ import numpy as np
 from jaxfeed.loaders.array_dataset import ArrayDataset
 from jaxfeed.loaders.backends.sampled_source import SampledSource
 from jaxfeed.loaders.backends.tfds_store import import_tensorflow, import_tfds, split_name, store
+from jaxfeed.loaders.bytes_field import BytesField
 from jaxfeed.loaders.data.on_disk import file_rows
 from jaxfeed.loaders.sampler import Sampler
+from jaxfeed.loaders.transform import RecordTransform, check_workers
 
-OPTIONS = ("order",)
+OPTIONS = ("order", "num_workers")
 
 BYTES_PER_STEP = 4 << 20  # images gathered per tf.data element (see _Pipeline)
 
@@ -122,13 +124,28 @@ class TfSource(SampledSource):
         several processes and ``drop_remainder=False`` the order is first
         padded with its own head to a multiple of ``process_count``, so every
         process yields the same number of batches.
+      transform: see `SampledSource`; it runs inside the tf.data pipeline, one
+        ``tf.numpy_function`` call per record in a ``map`` (see `_transformed`).
+      num_workers: that map's ``num_parallel_calls`` (0: one record at a
+        time). They are threads: a Python transform holds the GIL except
+        where it calls code that releases it (Pillow's decode and resize,
+        large numpy operations), so they speed up only those parts.
 
     Raises:
       RuntimeError: the cached TFDS dataset does not match ``dataset``.
+      ValueError: ``num_workers`` without a transform.
     """
 
-    def __init__(self, dataset: ArrayDataset, sampler: Sampler, order: str = "sampler"):
-        super().__init__(dataset, sampler, order)
+    def __init__(
+        self,
+        dataset: ArrayDataset,
+        sampler: Sampler,
+        order: str = "sampler",
+        transform: RecordTransform | None = None,
+        num_workers: int = 0,
+    ):
+        super().__init__(dataset, sampler, order, transform)
+        self.num_workers = check_workers("tf", num_workers, transform)
         self._idle: list[_Pipeline] = []  # one per epoch read at once (normally one)
         self._lock = threading.Lock()
         if any(file_rows(array) is not None for array in dataset.arrays.values()):
@@ -149,7 +166,12 @@ class TfSource(SampledSource):
             )
         self._fields = {key: split[key] for key in dataset.arrays}
 
-    def _fetch(self, index_batches: Sequence[np.ndarray]) -> Iterator[Mapping[str, np.ndarray]]:
+    def _fetch(
+        self, index_batches: Sequence[np.ndarray], epoch: int = 0
+    ) -> Iterator[Mapping[str, np.ndarray]]:
+        if self.transform is not None:
+            yield from self._transformed(index_batches, epoch)
+            return
         with self._lock:
             pipeline = self._idle.pop() if self._idle else None
         if pipeline is None:
@@ -159,6 +181,68 @@ class TfSource(SampledSource):
         finally:
             with self._lock:
                 self._idle.append(pipeline)
+
+    def _transformed(
+        self, index_batches: Sequence[np.ndarray], epoch: int
+    ) -> Iterator[Mapping[str, np.ndarray]]:
+        """The tf.data idiom for per-record Python work: a pipeline over this
+        call's row indices that gathers each record's tensors, runs the
+        transform on them in a ``tf.numpy_function`` inside a ``map`` with
+        ``num_workers`` parallel calls (order kept), and batches. A new
+        pipeline per call (~10 ms, nothing beside a decode-bound epoch), so
+        nothing runs ahead of the rows asked for. Fields on disk are numpy
+        arrays, read inside the function."""
+        if not len(index_batches):
+            return
+        tf = import_tensorflow()
+        tensors = {
+            k: v for k, v in self._fields.items() if not isinstance(v, np.ndarray | BytesField)
+        }
+        held = {k: v for k, v in self._fields.items() if k not in tensors}
+        outputs = list(self._rows.items())
+        transform, failures = self.transform, []
+
+        def run(row: np.ndarray, *values: np.ndarray) -> list[np.ndarray]:
+            # A scalar comes as bytes or a 0-d array: as a numpy scalar, as other backends give it.
+            record = {
+                key: value[()] if isinstance(value, np.ndarray) else value
+                for key, value in zip(tensors, values, strict=True)
+            }
+            record.update({key: field[int(row)] for key, field in held.items()})
+            try:
+                batch = transform.batch({k: [v] for k, v in record.items()}, [row], epoch)
+            except Exception as err:  # re-raised as is by the reader, not as a TF error
+                failures.append(err)
+                raise
+            return [batch[key][0] for key, _ in outputs]
+
+        def one(row: Any) -> dict[str, Any]:
+            values = [tf.gather(column, row) for column in tensors.values()]
+            types = [tf.as_dtype(dtype) for _, (_, dtype) in outputs]
+            out = tf.numpy_function(run, [row, *values], types, stateful=False)
+            return {
+                key: tf.ensure_shape(o, shape)
+                for (key, (shape, _)), o in zip(outputs, out, strict=True)
+            }
+
+        options = tf.data.Options()
+        options.experimental_optimization.map_parallelization = False  # num_workers decides
+        rows = tf.data.Dataset.from_tensor_slices(np.concatenate(index_batches))
+        if self.num_workers:
+            rows = rows.map(one, num_parallel_calls=self.num_workers, deterministic=True)
+        else:
+            rows = rows.map(one)
+        iterator = rows.batch(self.batch_size).with_options(options).as_numpy_iterator()
+        while True:
+            try:
+                batch = next(iterator)
+            except StopIteration:
+                return
+            except tf.errors.OpError:
+                if failures:
+                    raise failures[0] from None
+                raise
+            yield batch
 
     def _native_epoch(self, epoch: int) -> Iterator[Mapping[str, np.ndarray]]:
         tf = import_tensorflow()
@@ -188,6 +272,8 @@ def build(dataset: ArrayDataset, sampler: Sampler, **options: Any) -> TfSource:
     return TfSource(dataset, sampler, **options)
 
 
-def _same_values(cached: np.ndarray, array: np.ndarray) -> bool:
+def _same_values(cached: np.ndarray, array: np.ndarray | BytesField) -> bool:
     """Equal, NaN where NaN (a float field's NaN is data, not a difference)."""
+    if isinstance(array, BytesField):
+        return len(cached) == len(array) and list(cached) == list(array[np.arange(len(array))])
     return np.array_equal(cached, array, equal_nan=array.dtype.kind in "fc")

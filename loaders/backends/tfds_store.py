@@ -142,10 +142,10 @@ def store(dataset: ArrayDataset, file_format: str = "tfrecord") -> Path:
     def build(scratch: Path) -> None:
         tfds = import_tfds()
         # Every field as a raw tensor of its own dtype and row shape (images too,
-        # not PNG: loading the split then needs no decoding).
+        # not PNG: loading the split then needs no decoding); bytes as tf.string.
         features = tfds.features.FeaturesDict(
             {
-                key: tfds.features.Tensor(shape=array.shape[1:], dtype=array.dtype)
+                key: tfds.features.Tensor(shape=array.shape[1:], dtype=_feature_dtype(array))
                 for key, array in dataset.arrays.items()
             }
         )
@@ -167,3 +167,10 @@ def store(dataset: ArrayDataset, file_format: str = "tfrecord") -> Path:
         shutil.rmtree(scratch / "downloads", ignore_errors=True)  # always empty here
 
     return build_once(entry, build) / TFDS_NAME / TFDS_VERSION
+
+
+def _feature_dtype(array: object) -> object:
+    """A field's TFDS dtype: its own, or ``object`` (``tf.string``) for bytes."""
+    import numpy as np
+
+    return np.object_ if array.dtype == object else array.dtype

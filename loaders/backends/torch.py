@@ -29,6 +29,7 @@ from jaxfeed.loaders.backends.sampled_source import SampledSource
 from jaxfeed.loaders.data.on_disk import for_pickle, from_pickle
 from jaxfeed.loaders.read_ahead import END, pump
 from jaxfeed.loaders.sampler import Sampler
+from jaxfeed.loaders.transform import RecordTransform
 from jaxfeed.loaders.workers import SPAWN
 from torch.utils import data as torch_data
 
@@ -45,11 +46,13 @@ class ArrayTorchDataset(torch_data.Dataset):
     """Map-style torch Dataset over in-memory arrays (a dict of fields).
 
     Module-level and holding only numpy arrays, so it pickles into spawned
-    workers.
+    workers. With a transform, an index batch comes as ``(epoch, indices)``
+    and the transform runs here, in the DataLoader's workers, record by record.
     """
 
-    def __init__(self, arrays: Mapping[str, np.ndarray]):
+    def __init__(self, arrays: Mapping[str, np.ndarray], transform: RecordTransform | None = None):
         self.arrays = dict(arrays)
+        self.transform = transform
         self._rows = len(next(iter(self.arrays.values())))
 
     def __getstate__(self) -> dict:
@@ -65,10 +68,15 @@ class ArrayTorchDataset(torch_data.Dataset):
     def __getitem__(self, index: int) -> dict[str, np.ndarray]:
         return {key: array[index] for key, array in self.arrays.items()}
 
-    def __getitems__(self, indices: Sequence[int] | np.ndarray) -> dict[str, np.ndarray]:
-        """The whole batch in one gather (torch's fetcher prefers this to ``__getitem__``)."""
+    def __getitems__(self, indices: Sequence[int] | np.ndarray | tuple) -> dict[str, np.ndarray]:
+        """The whole batch in one gather (torch's fetcher prefers this to
+        ``__getitem__``), transformed when ``indices`` is ``(epoch, indices)``."""
+        epoch = None
+        if isinstance(indices, tuple):
+            epoch, indices = indices
         indices = np.asarray(indices, dtype=np.int64)
-        return {key: array[indices] for key, array in self.arrays.items()}
+        rows = {key: array[indices] for key, array in self.arrays.items()}
+        return rows if epoch is None else self.transform.batch(rows, indices, epoch)
 
 
 def _keep_batch(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -152,6 +160,8 @@ class TorchSource(SampledSource):
       prefetch_factor: batches each worker loads ahead (needs ``num_workers > 0``).
       persistent_workers: keep the workers alive across epochs (needs
         ``num_workers > 0``); the source then serves one epoch at a time.
+      transform: see `SampledSource`; it runs in the Dataset, so in the
+        DataLoader's workers.
 
     Raises:
       ValueError: an option of the wrong type or range, or a worker option
@@ -167,8 +177,9 @@ class TorchSource(SampledSource):
         num_workers: int = 0,
         prefetch_factor: int | None = None,
         persistent_workers: bool = False,
+        transform: RecordTransform | None = None,
     ):
-        super().__init__(dataset, sampler, order)
+        super().__init__(dataset, sampler, order, transform)
         _check_option("num_workers", num_workers, int, 0)
         if prefetch_factor is not None:  # None: torch's default
             _check_option("prefetch_factor", prefetch_factor, int, 1)
@@ -179,7 +190,9 @@ class TorchSource(SampledSource):
                 f"{name} needs worker processes, but num_workers=0; "
                 f"pass num_workers=2 (or more) or drop {name}"
             )
-        self.torch_dataset = ArrayTorchDataset(dataset.arrays)
+        if transform is not None and num_workers:
+            transform.check_picklable(f"torch's num_workers={num_workers}")
+        self.torch_dataset = ArrayTorchDataset(dataset.arrays, transform)
         self.num_workers = num_workers
         options: dict[str, Any] = {"num_workers": num_workers, "collate_fn": _keep_batch}
         if num_workers > 0:
@@ -190,7 +203,11 @@ class TorchSource(SampledSource):
             )
         self._read = EpochLoaders(self.torch_dataset, **options)
 
-    def _fetch(self, index_batches: Sequence[np.ndarray]) -> Iterator[Mapping[str, np.ndarray]]:
+    def _fetch(
+        self, index_batches: Sequence[np.ndarray], epoch: int
+    ) -> Iterator[Mapping[str, np.ndarray]]:
+        if self.transform is not None:  # the workers' transform needs the epoch
+            index_batches = [(epoch, indices) for indices in index_batches]
         return self._read(index_batches)
 
     def _native_epoch(self, epoch: int) -> Iterator[Mapping[str, np.ndarray]]:

@@ -153,6 +153,8 @@ def _resume(directory: Path, *args: str) -> tuple[int, dict[str, np.ndarray]]:
         ("numpy", 8, 1, ()),
         ("grain", 8, 3, ()),
         ("hf", 1, 1, ("--block-shuffle", "300")),  # the block order resumes exactly too
+        # Encoded records, augmented per record in 2 torch workers: the draws resume too.
+        ("torch", 1, 1, ("--dataset", "digits-png", "--loader-option", "num_workers=2")),
     ],
 )
 def test_kill_9_mid_epoch_then_resume_is_bit_identical(

@@ -330,7 +330,7 @@ def test_array_dataset_refuses_bad_fields_by_name():
         ValueError, match=r"field 'mask': the name 'mask' is reserved .*attention_mask"
     ):
         loaders.make("numpy", dataset={**good, "mask": np.ones(4, bool)}, batch_size=2)
-    with pytest.raises(ValueError, match=r"field 'text' is <U1 .*numbers or bools only"):
+    with pytest.raises(ValueError, match=r"field 'text' is <U1 .*numbers, bools or encoded bytes"):
         loaders.load_dataset({**good, "text": np.array(list("abcd"))})
     with pytest.raises(ValueError, match=r"fields disagree on the number of rows: .*'short': 3"):
         loaders.load_dataset({**good, "short": np.zeros(3)})

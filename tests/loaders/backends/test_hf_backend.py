@@ -103,8 +103,8 @@ def test_native_order_writes_no_index_files_next_to_the_cache():
 
 
 def test_options_are_checked():
-    with pytest.raises(TypeError, match=r"unknown option\(s\) \['num_workers'\]"):
-        loaders.make("hf", dataset="mnist-sample", num_workers=2)
+    with pytest.raises(TypeError, match=r"unknown option\(s\) \['prefetch_factor'\]"):
+        loaders.make("hf", dataset="mnist-sample", prefetch_factor=2)
     with pytest.raises(ValueError, match="read must be one of"):
         loaders.make("hf", dataset="mnist-sample", read="select")
 

@@ -108,9 +108,10 @@ def test_tensorflow_sees_no_gpu():
 
 def test_options_are_checked():
     with pytest.raises(
-        TypeError, match=r"unknown option\(s\) \['num_workers'\]; it takes \['order'\]"
+        TypeError,
+        match=r"unknown option\(s\) \['num_threads'\]; it takes \['order', 'num_workers'\]",
     ):
-        loaders.make("tf", dataset="mnist-sample", num_workers=2)
+        loaders.make("tf", dataset="mnist-sample", num_threads=2)
     with pytest.raises(ValueError, match="order must be one of"):
         loaders.make("tf", dataset="mnist-sample", order="random")
 

@@ -494,7 +494,7 @@ def test_unknown_name_and_split() -> None:
     with pytest.raises(
         ValueError,
         match=r"unknown dataset 'cifar10', expected one of "
-        r"\['mnist', 'mnist-sample', 'mnist-10k'\]",
+        r"\['mnist', 'mnist-sample', 'mnist-10k', 'digits-png'\]",
     ):
         load_dataset("cifar10")
     with pytest.raises(
@@ -505,4 +505,4 @@ def test_unknown_name_and_split() -> None:
         load_dataset("mnist-sample", "validation")
     with pytest.raises(TypeError, match="got int"):
         load_dataset(3)  # type: ignore[arg-type]
-    assert DATASETS == ("mnist", "mnist-sample", "mnist-10k")
+    assert DATASETS == ("mnist", "mnist-sample", "mnist-10k", "digits-png")

@@ -1,0 +1,97 @@
+"""Worker processes that read and transform batches, in order: the numpy and
+hf backends' ``num_workers`` (torch, Grain and tf.data bring their own).
+
+Processes, not threads: a per-record transform is Python (decode calls,
+crops, flips) and holds the GIL for much of each record. Measured on the
+decode workload (2 cores, `benchmarks/decode.py`): see docs/data.md.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import weakref
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+from jaxfeed.loaders.data.on_disk import for_pickle, from_pickle
+from jaxfeed.loaders.transform import RecordTransform
+from jaxfeed.loaders.workers import SPAWN
+
+__all__ = ["ArrayRows", "RecordPool"]
+
+RowReader = Callable[[np.ndarray], Mapping[str, Any]]
+"""Index array -> each field's values of those rows (picklable into workers)."""
+
+
+class ArrayRows:
+    """Gathers rows of in-memory (or memory-mapped) fields: one numpy gather
+    per field; pickled, an on-disk field travels as where it lies."""
+
+    def __init__(self, arrays: Mapping[str, Any]):
+        self.arrays = dict(arrays)
+
+    def __getstate__(self) -> dict:
+        return {"arrays": for_pickle(self.arrays)}
+
+    def __setstate__(self, state: dict) -> None:
+        self.arrays = from_pickle(state["arrays"])
+
+    def __call__(self, indices: np.ndarray) -> dict[str, Any]:
+        return {key: array[indices] for key, array in self.arrays.items()}
+
+
+# One worker's reader and transform, set once as it starts.
+_WORK: tuple[RowReader, RecordTransform] | None = None
+
+
+def _start(read: RowReader, transform: RecordTransform) -> None:
+    global _WORK
+    _WORK = (read, transform)
+
+
+def _batch(indices: np.ndarray, epoch: int) -> dict[str, np.ndarray]:
+    read, transform = _WORK
+    return transform.batch(read(indices), indices, epoch)
+
+
+class RecordPool:
+    """``num_workers`` spawned processes, started at the first batch and kept
+    for every epoch after, each reading and transforming whole batches.
+
+    Batches come back in order, with ``2 * num_workers`` in flight. A worker
+    that dies is a ``BrokenProcessPool`` error at the next batch; one that
+    raises passes its error (a `TransformError` naming the row) through.
+    """
+
+    def __init__(self, read: RowReader, transform: RecordTransform, num_workers: int):
+        transform.check_picklable(f"num_workers={num_workers}")
+        self._start = (read, transform)
+        self.num_workers = num_workers
+        self._pool: concurrent.futures.ProcessPoolExecutor | None = None
+
+    def batches(self, index_batches: Sequence[np.ndarray], epoch: int) -> Iterator[dict]:
+        if self._pool is None:
+            self._pool = concurrent.futures.ProcessPoolExecutor(
+                self.num_workers, mp_context=SPAWN, initializer=_start, initargs=self._start
+            )
+            weakref.finalize(self, self._pool.shutdown, cancel_futures=True)
+        pending: collections.deque = collections.deque()
+        todo = iter(index_batches)
+        try:
+            for indices in todo:
+                pending.append(self._pool.submit(_batch, indices, epoch))
+                if len(pending) >= 2 * self.num_workers:
+                    yield pending.popleft().result()
+            while pending:
+                yield pending.popleft().result()
+        finally:
+            for future in pending:  # closed early: drop what no one will read
+                future.cancel()
+
+    def close(self) -> None:
+        """Stops the workers; the next batch starts new ones."""
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(cancel_futures=True)

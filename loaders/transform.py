@@ -1,0 +1,162 @@
+"""Per-record transforms: one function, run by every backend where its
+framework runs per-record work, with a random generator that belongs to the row.
+
+``fn(record, rng) -> record`` takes one row's values (numpy rows, or ``bytes``
+for an encoded field) and returns a dict of fixed-shape numbers. ``rng`` is
+``numpy.random.default_rng((seed, epoch, row))``: the draw depends on the row
+and the epoch only, never on the backend, the worker that runs it, the
+process count or where a resumed epoch starts. So a random augmentation gives
+byte-identical batches on every backend, and a new one every epoch.
+"""
+
+from __future__ import annotations
+
+import pickle
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+from jaxfeed.loaders.array_dataset import _NUMERIC_KINDS, ArrayDataset, as_device_dtype
+from jaxfeed.loaders.protocol import MASK_KEY
+
+__all__ = ["RecordFn", "RecordTransform", "TransformError", "check_workers"]
+
+RecordFn = Callable[[dict[str, Any], np.random.Generator], Mapping[str, Any]]
+
+
+class TransformError(ValueError):
+    """A transform failed or returned what cannot be batched; the message names
+    the row (and the field). Raised in a worker, it reaches the reader as is."""
+
+
+class RecordTransform:
+    """``fn`` bound to a seed and the output it must keep to: the fields, row
+    shapes and dtypes of its result on row 0 (the source's ``element_spec``).
+
+    Args:
+      fn: ``fn(record, rng) -> dict``; picklable (a module-level function)
+        when it runs in worker processes.
+      seed: the source's seed.
+      dataset: the records ``fn`` reads; row 0 (of epoch 0) gives the output.
+
+    Raises:
+      TypeError: ``fn`` is not callable.
+      TransformError: ``fn`` fails on row 0, or returns anything but a dict of
+        numbers (named field by field).
+    """
+
+    def __init__(self, fn: RecordFn, seed: int, dataset: ArrayDataset):
+        if not callable(fn):
+            raise TypeError(f"transform must be a function fn(record, rng), got {fn!r}")
+        self.fn, self.seed = fn, seed
+        self.spec: dict[str, tuple[tuple[int, ...], np.dtype]] = {}
+        first = self._call({key: array[0] for key, array in dataset.arrays.items()}, 0, 0)
+        for key, value in first.items():
+            where = f"the transform's field {key!r} (row 0)"
+            value = np.asarray(value)
+            self.spec[key] = (value.shape, as_device_dtype(value[None], where).dtype)
+
+    def rng(self, epoch: int, row: int) -> np.random.Generator:
+        """The generator of ``row`` in ``epoch``."""
+        return np.random.default_rng((self.seed, epoch, row))
+
+    def batch(
+        self, rows: Mapping[str, Sequence[Any]], indices: Sequence[int], epoch: int
+    ) -> dict[str, np.ndarray]:
+        """``fn`` on each of ``rows`` (the gathered values of rows ``indices``),
+        stacked into one batch of the spec's shapes and dtypes."""
+        outputs: dict[str, list[np.ndarray]] = {key: [] for key in self.spec}
+        for j, row in enumerate(np.asarray(indices).tolist()):
+            record = self._call({key: column[j] for key, column in rows.items()}, epoch, row)
+            for key, (shape, _) in self.spec.items():
+                value = np.asarray(record[key])
+                if value.shape != shape:
+                    raise TransformError(
+                        f"the transform returned field {key!r} of shape {value.shape} for "
+                        f"row {row} (epoch {epoch}), but {shape} for row 0; every record "
+                        "must come out in one shape (crop or pad to a fixed size)"
+                    )
+                outputs[key].append(value)
+        return {key: _stack(outputs[key], dtype, key) for key, (_, dtype) in self.spec.items()}
+
+    def _call(self, record: dict[str, Any], epoch: int, row: int) -> Mapping[str, Any]:
+        """``fn`` on one record, its result checked: a dict of numbers, with
+        the spec's fields once the spec is known."""
+        try:
+            result = self.fn(record, self.rng(epoch, row))
+        except Exception as err:
+            raise TransformError(
+                f"the transform failed on row {row} (epoch {epoch}): {type(err).__name__}: {err}"
+            ) from err
+        if not isinstance(result, Mapping) or not result:
+            raise TransformError(
+                f"the transform returned {type(result).__name__} for row {row}; it must "
+                "return a dict of field name -> numbers, e.g. {'image': ..., 'label': ...}"
+            )
+        if self.spec and result.keys() != self.spec.keys():
+            raise TransformError(
+                f"the transform returned fields {sorted(result)} for row {row} (epoch "
+                f"{epoch}), but {sorted(self.spec)} for row 0; return the same fields always"
+            )
+        for key, value in result.items():
+            if key == MASK_KEY or not isinstance(key, str):
+                raise TransformError(
+                    f"the transform returned a field named {key!r} (row {row}); "
+                    f"{MASK_KEY!r} is reserved for the row mask and names must be str"
+                )
+            kind = np.asarray(value).dtype.kind
+            if kind not in _NUMERIC_KINDS:
+                raise TransformError(
+                    f"the transform returned field {key!r} of kind {kind!r} for row {row} "
+                    f"(epoch {epoch}); only numbers and bools can reach a device: decode "
+                    "bytes and strings into arrays inside the transform"
+                )
+        return result
+
+    def check_picklable(self, runner: str) -> None:
+        """Refuses a ``fn`` that worker processes cannot receive.
+
+        Raises:
+          TypeError: ``fn`` does not pickle (a lambda, a local function); the
+            message says to define it at module level.
+        """
+        try:
+            pickle.dumps(self.fn)
+        except Exception as err:
+            raise TypeError(
+                f"{runner} run the transform in worker processes, which receive it "
+                f"pickled, and {self.fn!r} does not pickle ({err}); define it at the "
+                "top level of a module (not a lambda or a nested function), or use "
+                "num_workers=0"
+            ) from None
+
+
+def check_workers(backend: str, num_workers: object, transform: RecordTransform | None) -> int:
+    """``num_workers`` of a backend whose workers run the transform only.
+
+    Raises:
+      ValueError: not an int >= 0, or > 0 without a transform.
+    """
+    if type(num_workers) is not int or num_workers < 0:
+        raise ValueError(f"the {backend} option num_workers must be an int >= 0, "
+                         f"got {num_workers!r}")  # fmt: skip
+    if num_workers and transform is None:
+        raise ValueError(
+            f"the {backend} backend's workers run a transform, and there is none: a plain "
+            "gather is fastest in this process; pass transform=fn or drop num_workers"
+        )
+    return num_workers
+
+
+def _stack(values: list[np.ndarray], dtype: np.dtype, key: str) -> np.ndarray:
+    """One field's records as one array of ``dtype``; an integer that does not
+    fit is refused, never wrapped around."""
+    stacked = np.stack(values) if values else np.empty((0,), dtype)
+    if stacked.dtype.kind in "iu" and dtype.kind in "iu" and stacked.size:
+        info = np.iinfo(dtype)
+        if stacked.min() < info.min or stacked.max() > info.max:
+            raise TransformError(
+                f"the transform's field {key!r} holds {stacked.min()}..{stacked.max()}, "
+                f"outside the {dtype} of row 0"
+            )
+    return stacked.astype(dtype, copy=False)

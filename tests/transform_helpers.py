@@ -1,0 +1,52 @@
+"""Per-record transforms for the tests, at module level so worker processes
+(spawned, so they import this module by name) can run them."""
+
+import io
+
+import numpy as np
+from jaxfeed.loaders import ArrayDataset
+from jaxfeed.loaders.data.encoded import augment, encode_png, tinted_rgb
+
+
+def encoded_digits(n: int = 96) -> ArrayDataset:
+    """``n`` real digits as 64x64 RGB PNG bytes, with their labels and row numbers."""
+    from conftest import sample_digits  # here: workers import this module too
+
+    images, labels = sample_digits()
+    png = encode_png(tinted_rgb(images[:n]))
+    fields = {"png": png, "label": labels[:n].astype(np.int32), "row": np.arange(n)}
+    return ArrayDataset("encoded/train", fields)
+
+
+def random_augment(record: dict, rng: np.random.Generator) -> dict:
+    """The digits-png augmentation (decode, random crop, flip, normalise) plus
+    two random numbers, so every row's draw shows in the batch; its row number."""
+    out = augment(record, rng)
+    out["row"] = record["row"]
+    out["noise"] = rng.standard_normal(2).astype(np.float32)
+    return out
+
+
+def fail_on_row_7(record: dict, rng: np.random.Generator) -> dict:
+    if int(record["label_row"]) == 7:
+        raise KeyError("no such thing")
+    return {"x": np.float32(record["label_row"])}
+
+
+def shape_changes_on_row_5(record: dict, rng: np.random.Generator) -> dict:
+    size = 3 if int(record["label_row"]) == 5 else 2
+    return {"x": np.zeros(size, np.float32)}
+
+
+def first_bytes(record: dict, rng: np.random.Generator) -> dict:
+    """Every byte of a variable-length record, zero-padded to 16, and its length."""
+    raw = np.frombuffer(record["blob"], np.uint8)
+    out = np.zeros(16, np.uint8)
+    out[: len(raw)] = raw
+    return {"bytes": out, "size": np.int32(len(raw)), "y": record["y"]}
+
+
+def decode_png_size(record: dict, rng: np.random.Generator) -> dict:
+    from PIL import Image
+
+    return {"side": np.int32(Image.open(io.BytesIO(record["png"])).size[0])}
