@@ -5,6 +5,7 @@ each backend imports its framework only when it is used.
 """
 
 from jaxfeed.loaders.backends.registry import BACKENDS, available, make
+from jaxfeed.loaders.bytes_field import BytesField
 from jaxfeed.loaders.data.catalog import DATASETS, ArrayDataset, load_dataset
 from jaxfeed.loaders.protocol import (
     MASK_KEY,
@@ -17,6 +18,7 @@ from jaxfeed.loaders.protocol import (
     SkipsDataState,
 )
 from jaxfeed.loaders.sampler import Sampler
+from jaxfeed.loaders.transform import TransformError
 from jaxfeed.loaders.wrapping.wrapped_source import wrap
 
 __all__ = [
@@ -26,12 +28,14 @@ __all__ = [
     "ArraySpec",
     "Batch",
     "BatchSource",
+    "BytesField",
     "HostFields",
     "MASK_KEY",
     "ProcessSlice",
     "Resumable",
     "SkipsDataState",
     "Sampler",
+    "TransformError",
     "available",
     "load_dataset",
     "make",

@@ -14,7 +14,7 @@ from jaxfeed.loaders.protocol import MASK_KEY
 __all__ = ["ArrayDataset"]
 
 """The row mask a source adds to padded batches; no field may take its name."""
-_NUMERIC_KINDS = "biuf"  # bool, signed, unsigned, float: what every backend stores
+NUMERIC_KINDS = "biuf"  # bool, signed, unsigned, float: what every backend stores
 
 
 class ArrayDataset(Mapping[str, np.ndarray]):
@@ -132,7 +132,7 @@ def _field(dataset: str, key: object, value: object) -> np.ndarray | BytesField:
         except TypeError as err:
             raise ValueError(f"{where}: {err}; a bytes field holds bytes in every row") from None
     array = np.asarray(value)
-    if array.dtype.kind not in _NUMERIC_KINDS:
+    if array.dtype.kind not in NUMERIC_KINDS:
         raise ValueError(
             f"{where} is {array.dtype} ({array.dtype.kind!r} kind); datasets hold numbers, "
             "bools or encoded bytes (a list of bytes per row) only: encode it as numbers "

@@ -2,19 +2,22 @@
 hf backends' ``num_workers`` (torch, Grain and tf.data bring their own).
 
 Processes, not threads: a per-record transform is Python (decode calls,
-crops, flips) and holds the GIL for much of each record. Measured on the
-decode workload (2 cores, `benchmarks/decode.py`): see docs/data.md.
+crops, flips) and holds the GIL for much of each record (measured on
+digits-png, see docs/data.md). A finished batch comes back as a file in
+shared memory (`jaxfeed.loaders.shared_batches`), not through a pipe.
 """
 
 from __future__ import annotations
 
 import collections
 import concurrent.futures
+import os
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
+from jaxfeed.loaders import shared_batches
 from jaxfeed.loaders.data.on_disk import for_pickle, from_pickle
 from jaxfeed.loaders.transform import RecordTransform
 from jaxfeed.loaders.workers import SPAWN
@@ -42,18 +45,19 @@ class ArrayRows:
         return {key: array[indices] for key, array in self.arrays.items()}
 
 
-# One worker's reader and transform, set once as it starts.
-_WORK: tuple[RowReader, RecordTransform] | None = None
+# One worker's reader, transform and output directory, set once as it starts.
+_WORK: tuple[RowReader, RecordTransform, str] | None = None
 
 
-def _start(read: RowReader, transform: RecordTransform) -> None:
+def _start(read: RowReader, transform: RecordTransform, directory: str) -> None:
     global _WORK
-    _WORK = (read, transform)
+    _WORK = (read, transform, directory)
 
 
-def _batch(indices: np.ndarray, epoch: int) -> dict[str, np.ndarray]:
-    read, transform = _WORK
-    return transform.batch(read(indices), indices, epoch)
+def _batch(indices: np.ndarray, epoch: int) -> tuple[str, shared_batches.Layout]:
+    """In a worker: one batch, handed back as a file (`shared_batches`)."""
+    read, transform, directory = _WORK
+    return shared_batches.write(transform.batch(read(indices), indices, epoch), directory)
 
 
 class RecordPool:
@@ -67,31 +71,42 @@ class RecordPool:
 
     def __init__(self, read: RowReader, transform: RecordTransform, num_workers: int):
         transform.check_picklable(f"num_workers={num_workers}")
-        self._start = (read, transform)
+        self._work = (read, transform)
         self.num_workers = num_workers
         self._pool: concurrent.futures.ProcessPoolExecutor | None = None
+        self._stop: weakref.finalize | None = None
 
     def batches(self, index_batches: Sequence[np.ndarray], epoch: int) -> Iterator[dict]:
         if self._pool is None:
+            directory = shared_batches.make_directory()
             self._pool = concurrent.futures.ProcessPoolExecutor(
-                self.num_workers, mp_context=SPAWN, initializer=_start, initargs=self._start
+                self.num_workers,
+                mp_context=SPAWN,
+                initializer=_start,
+                initargs=(*self._work, directory),
             )
-            weakref.finalize(self, self._pool.shutdown, cancel_futures=True)
+            # Also at garbage collection and exit: no worker or file is left behind.
+            self._stop = weakref.finalize(self, _stop, self._pool, directory)
         pending: collections.deque = collections.deque()
-        todo = iter(index_batches)
         try:
-            for indices in todo:
+            for indices in index_batches:
                 pending.append(self._pool.submit(_batch, indices, epoch))
                 if len(pending) >= 2 * self.num_workers:
-                    yield pending.popleft().result()
+                    yield shared_batches.collect(*pending.popleft().result())
             while pending:
-                yield pending.popleft().result()
+                yield shared_batches.collect(*pending.popleft().result())
         finally:
             for future in pending:  # closed early: drop what no one will read
-                future.cancel()
+                if not future.cancel() and not future.exception():
+                    os.unlink(future.result()[0])
 
     def close(self) -> None:
         """Stops the workers; the next batch starts new ones."""
-        pool, self._pool = self._pool, None
-        if pool is not None:
-            pool.shutdown(cancel_futures=True)
+        self._pool = None
+        if self._stop is not None:
+            self._stop()
+
+
+def _stop(pool: concurrent.futures.ProcessPoolExecutor, directory: str) -> None:
+    pool.shutdown(cancel_futures=True)
+    shared_batches.remove_directory(directory)

@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
-from jaxfeed.loaders.array_dataset import _NUMERIC_KINDS, ArrayDataset, as_device_dtype
+from jaxfeed.loaders.array_dataset import NUMERIC_KINDS, ArrayDataset, as_device_dtype
 from jaxfeed.loaders.protocol import MASK_KEY
 
 __all__ = ["RecordFn", "RecordTransform", "TransformError", "check_workers"]
@@ -105,7 +105,7 @@ class RecordTransform:
                     f"{MASK_KEY!r} is reserved for the row mask and names must be str"
                 )
             kind = np.asarray(value).dtype.kind
-            if kind not in _NUMERIC_KINDS:
+            if kind not in NUMERIC_KINDS:
                 raise TransformError(
                     f"the transform returned field {key!r} of kind {kind!r} for row {row} "
                     f"(epoch {epoch}); only numbers and bools can reach a device: decode "

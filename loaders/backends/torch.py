@@ -20,10 +20,12 @@ import multiprocessing
 import queue
 import signal
 import threading
+import weakref
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
+from jaxfeed.loaders import shared_batches
 from jaxfeed.loaders.array_dataset import ArrayDataset
 from jaxfeed.loaders.backends.sampled_source import SampledSource
 from jaxfeed.loaders.data.on_disk import for_pickle, from_pickle
@@ -47,12 +49,20 @@ class ArrayTorchDataset(torch_data.Dataset):
 
     Module-level and holding only numpy arrays, so it pickles into spawned
     workers. With a transform, an index batch comes as ``(epoch, indices)``
-    and the transform runs here, in the DataLoader's workers, record by record.
+    and the transform runs here, in the DataLoader's workers, record by
+    record; given a ``handoff`` directory, a worker hands the batch back as a
+    file there (`jaxfeed.loaders.shared_batches`: megabytes of augmented
+    batch through torch's pipe halved what 2 workers gave).
     """
 
-    def __init__(self, arrays: Mapping[str, np.ndarray], transform: RecordTransform | None = None):
+    def __init__(
+        self,
+        arrays: Mapping[str, np.ndarray],
+        transform: RecordTransform | None = None,
+        handoff: str | None = None,
+    ):
         self.arrays = dict(arrays)
-        self.transform = transform
+        self.transform, self.handoff = transform, handoff
         self._rows = len(next(iter(self.arrays.values())))
 
     def __getstate__(self) -> dict:
@@ -76,7 +86,19 @@ class ArrayTorchDataset(torch_data.Dataset):
             epoch, indices = indices
         indices = np.asarray(indices, dtype=np.int64)
         rows = {key: array[indices] for key, array in self.arrays.items()}
-        return rows if epoch is None else self.transform.batch(rows, indices, epoch)
+        if epoch is None:
+            return rows
+        batch = self.transform.batch(rows, indices, epoch)
+        return (
+            batch if self.handoff is None else _Handed(*shared_batches.write(batch, self.handoff))
+        )
+
+
+class _Handed(NamedTuple):
+    """A batch a worker wrote to a file (`shared_batches.write`)."""
+
+    path: str
+    layout: shared_batches.Layout
 
 
 def _keep_batch(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -108,6 +130,9 @@ class EpochLoaders:
     ``dataset``: a new DataLoader per epoch, or, when its workers are
     persistent, one DataLoader (and its workers) shared by every epoch.
 
+    An epoch begun while another still reads the shared loader gets a
+    DataLoader (and workers) of its own, as Grain's backend does.
+
     Both the torch backend and ``loaders.wrap`` of a torch map-style dataset
     read through it. ``loader_options`` are DataLoader arguments other than
     the dataset and ``batch_sampler``.
@@ -120,18 +145,16 @@ class EpochLoaders:
         self._shared = self._loader(self._plan) if persistent else None
         self._busy = False  # the shared loader is serving an epoch
 
-    def _loader(self, batch_sampler: Iterable[Any]) -> torch_data.DataLoader:
-        return torch_data.DataLoader(self._dataset, batch_sampler=batch_sampler, **self._options)
+    def _loader(self, batch_sampler: Iterable[Any], **change: Any) -> torch_data.DataLoader:
+        options = {**self._options, **change}
+        return torch_data.DataLoader(self._dataset, batch_sampler=batch_sampler, **options)
 
     def __call__(self, batches: Sequence[Any]) -> Iterator[Any]:
         """The batches of ``batches`` (index lists), read in order."""
         if self._shared is None:
             return self._iterate(self._loader(batches), shared=False)
-        if self._busy:
-            raise RuntimeError(
-                "persistent_workers=True serves one epoch at a time, and an epoch is still "
-                "being read; exhaust or close() the previous iter_epoch() iterator first"
-            )
+        if self._busy:  # another epoch reads the shared workers: this one gets its own
+            return self._iterate(self._loader(batches, persistent_workers=False), shared=False)
         self._plan.batches = batches
         return self._iterate(self._shared, shared=True)
 
@@ -159,7 +182,10 @@ class TorchSource(SampledSource):
         calling thread, the fastest for in-memory data.
       prefetch_factor: batches each worker loads ahead (needs ``num_workers > 0``).
       persistent_workers: keep the workers alive across epochs (needs
-        ``num_workers > 0``); the source then serves one epoch at a time.
+        ``num_workers > 0``); default: True with workers. Spawned workers
+        import torch and your transform's modules as they start, seconds
+        each, which every epoch would pay again. An epoch begun while
+        another is still being read gets workers of its own.
       transform: see `SampledSource`; it runs in the Dataset, so in the
         DataLoader's workers.
 
@@ -176,13 +202,15 @@ class TorchSource(SampledSource):
         *,
         num_workers: int = 0,
         prefetch_factor: int | None = None,
-        persistent_workers: bool = False,
+        persistent_workers: bool | None = None,
         transform: RecordTransform | None = None,
     ):
         super().__init__(dataset, sampler, order, transform)
         _check_option("num_workers", num_workers, int, 0)
         if prefetch_factor is not None:  # None: torch's default
             _check_option("prefetch_factor", prefetch_factor, int, 1)
+        if persistent_workers is None:
+            persistent_workers = num_workers > 0
         _check_option("persistent_workers", persistent_workers, bool)
         if num_workers == 0 and (prefetch_factor is not None or persistent_workers):
             name = "prefetch_factor" if prefetch_factor is not None else "persistent_workers"
@@ -190,9 +218,12 @@ class TorchSource(SampledSource):
                 f"{name} needs worker processes, but num_workers=0; "
                 f"pass num_workers=2 (or more) or drop {name}"
             )
+        handoff = None
         if transform is not None and num_workers:
             transform.check_picklable(f"torch's num_workers={num_workers}")
-        self.torch_dataset = ArrayTorchDataset(dataset.arrays, transform)
+            handoff = shared_batches.make_directory()
+            weakref.finalize(self, shared_batches.remove_directory, handoff)
+        self.torch_dataset = ArrayTorchDataset(dataset.arrays, transform, handoff)
         self.num_workers = num_workers
         options: dict[str, Any] = {"num_workers": num_workers, "collate_fn": _keep_batch}
         if num_workers > 0:
@@ -206,9 +237,11 @@ class TorchSource(SampledSource):
     def _fetch(
         self, index_batches: Sequence[np.ndarray], epoch: int
     ) -> Iterator[Mapping[str, np.ndarray]]:
-        if self.transform is not None:  # the workers' transform needs the epoch
-            index_batches = [(epoch, indices) for indices in index_batches]
-        return self._read(index_batches)
+        if self.transform is None:
+            return self._read(index_batches)
+        # The workers' transform needs the epoch; their batches come back as files.
+        batches = self._read([(epoch, indices) for indices in index_batches])
+        return (shared_batches.collect(*b) if isinstance(b, _Handed) else b for b in batches)
 
     def _native_epoch(self, epoch: int) -> Iterator[Mapping[str, np.ndarray]]:
         s = self.sampler

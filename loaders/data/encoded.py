@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 from jaxfeed.loaders.array_dataset import ArrayDataset
 from jaxfeed.loaders.bytes_field import BytesField
+from jaxfeed.loaders.data.named import LOADERS
 
 SIZE = 64  # stored side, pixels
 CROP = 56  # side of the augmented output
@@ -89,8 +90,6 @@ def crop_box(rng: np.random.Generator, width: int, height: int) -> tuple[int, in
 
 @functools.cache
 def _encoded(source: str, split: str, data_dir: str | None) -> ArrayDataset:
-    from jaxfeed.loaders.data.named import LOADERS
-
     digits = LOADERS[source](split, data_dir)
     png = BytesField.from_values(encode_png(tinted_rgb(digits["image"])))
     return ArrayDataset(

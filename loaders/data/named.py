@@ -175,11 +175,4 @@ LOADERS: dict[str, Callable[[str, str | os.PathLike | None], ArrayDataset]] = {
     "mnist": _mnist,
     "mnist-sample": _mnist_sample,
     "mnist-10k": _mnist_10k,
-    "digits-png": lambda split, data_dir: _digits_png(split, data_dir),
 }
-
-
-def _digits_png(split: str, data_dir: str | os.PathLike | None) -> ArrayDataset:
-    from jaxfeed.loaders.data.encoded import digits_png  # Pillow, imported on use
-
-    return digits_png(split, data_dir)

@@ -117,19 +117,18 @@ def test_in_process_epochs_can_interleave():
         np.testing.assert_array_equal(x["image"], y["image"])
 
 
-def test_persistent_workers_serve_one_epoch_at_a_time(deadlock_guard):
-    source = loaders.make(
-        "torch", dataset="mnist-sample", batch_size=BATCH, num_workers=1, persistent_workers=True
-    )
+def test_workers_persist_by_default_and_a_second_epoch_at_once_gets_its_own(deadlock_guard):
+    source = loaders.make("torch", dataset="mnist-sample", batch_size=BATCH, num_workers=1)
+    reference = loaders.make("numpy", dataset="mnist-sample", batch_size=BATCH)
     first = source.iter_epoch(0)
     next(first)
-    with pytest.raises(RuntimeError, match="one epoch at a time"):
-        next(source.iter_epoch(1))
+    workers = source._read._shared._iterator._workers  # the persistent loader's processes
+    # Epoch 1 while epoch 0 still reads the shared workers: a loader of its own.
+    _assert_identical([list(source.iter_epoch(1))], [list(reference.iter_epoch(1))])
     first.close()  # an abandoned epoch frees the loader; torch drops its stale batches
-    _assert_identical(
-        [list(source.iter_epoch(1))],
-        [list(loaders.make("numpy", dataset="mnist-sample", batch_size=BATCH).iter_epoch(1))],
-    )
+    _assert_identical([list(source.iter_epoch(2))], [list(reference.iter_epoch(2))])
+    assert source._read._shared._iterator._workers == workers, "the workers were restarted"
+    assert all(w.is_alive() for w in workers)
 
 
 def test_worker_errors_reach_the_consumer_in_order(deadlock_guard):

@@ -1,0 +1,58 @@
+"""Batches handed from worker processes to the reader as files in shared
+memory (``/dev/shm``): the worker writes the arrays once, the reader copies
+them once and deletes the file.
+
+An augmented batch is megabytes (128 x 56 x 56 x 3 float32 is 4.8 MB), and
+pickled through a pipe it cost the reader more than the batch's own
+transform in one worker: on digits-png with 2 cores, 2 workers gave 4,579
+rows/s through the pipe and 8,864 through files (1 worker in this process:
+6,361). Files in a directory of their own need no resource tracker, and
+whatever a cancelled read or a killed worker leaves there goes with it.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import uuid
+from collections.abc import Mapping
+
+import numpy as np
+
+__all__ = ["Layout", "collect", "make_directory", "remove_directory", "write"]
+
+Layout = list[tuple[str, str, tuple[int, ...]]]
+"""A batch file's fields in order: name, dtype, shape."""
+
+
+def make_directory() -> str:
+    """A fresh directory in memory (``/dev/shm``), else in the temporary directory."""
+    shm = "/dev/shm"
+    base = shm if os.path.isdir(shm) and os.access(shm, os.W_OK) else None
+    return tempfile.mkdtemp(prefix="jaxfeed-batches-", dir=base)
+
+
+def remove_directory(directory: str) -> None:
+    shutil.rmtree(directory, ignore_errors=True)
+
+
+def write(batch: Mapping[str, np.ndarray], directory: str) -> tuple[str, Layout]:
+    """In a worker: ``batch`` as a new file in ``directory``; the file and its layout."""
+    path = os.path.join(directory, uuid.uuid4().hex)
+    with open(path, "wb") as file:
+        for array in batch.values():
+            file.write(np.ascontiguousarray(array).data)
+    return path, [(key, array.dtype.str, array.shape) for key, array in batch.items()]
+
+
+def collect(path: str, layout: Layout) -> dict[str, np.ndarray]:
+    """The batch written to ``path`` (one copy, views of it per field); the file deleted."""
+    data = np.fromfile(path, np.uint8)
+    os.unlink(path)
+    out, at = {}, 0
+    for key, dtype, shape in layout:
+        size = int(np.prod(shape)) * np.dtype(dtype).itemsize
+        out[key] = data[at : at + size].view(dtype).reshape(shape)
+        at += size
+    return out
