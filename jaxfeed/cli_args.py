@@ -46,6 +46,16 @@ def positive(text: str) -> int:
     return value
 
 
+def non_negative(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {value}")
+    return value
+
+
 def number(text: str) -> float:
     try:
         return float(text)
@@ -95,6 +105,19 @@ def loader_list(text: str) -> tuple[str, ...]:
     if not names:
         raise argparse.ArgumentTypeError(f"expected comma-separated backend names, got {text!r}")
     return names
+
+
+def worker_counts(text: str) -> tuple[int, ...]:
+    """``0,1,2``: distinct worker counts >= 0, in the order given."""
+    try:
+        counts = tuple(int(n) for n in text.split(",") if n.strip())
+    except ValueError:
+        counts = ()
+    if not counts or min(counts) < 0:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated worker counts >= 0 (e.g. 0,1,2), got {text!r}"
+        )
+    return tuple(dict.fromkeys(counts))
 
 
 def subcommand(commands: argparse._SubParsersAction, name: str, **kwargs: Any):

@@ -18,6 +18,7 @@ from jaxfeed.cli_args import (
     check_writable,
     learning_rate,
     momentum,
+    non_negative,
     one_line,
     option,
     pick_devices,
@@ -100,7 +101,22 @@ def add_train(commands: argparse._SubParsersAction) -> None:
         "missing; None: $JAXFEED_PEER_TIMEOUT, else 60",
     )
     train.add_argument("--json", type=Path, default=None, help="write per-epoch metrics here")
-    train.add_argument("--quiet", action="store_true", help="no progress bar")
+    train.add_argument("--quiet", action="store_true", help="no progress bar and no progress lines")
+    train.add_argument(
+        "--log-every",
+        type=non_negative,
+        default=None,
+        metavar="N",
+        help="print a progress line every N steps (0: none); None: only off a terminal "
+        "(where no bar shows), about every 10%% of an epoch and at least every 30 s",
+    )
+    train.add_argument(
+        "--tensorboard",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="write TensorBoard scalars here (needs tensorboardX: the tensorboard extra)",
+    )
     train.add_argument(
         "--checkpoint-dir",
         type=Path,
@@ -357,6 +373,8 @@ def run_train(args: argparse.Namespace) -> int:
             sharding=mesh,
             on_epoch=report,
             progress=False if args.quiet else None,
+            log_every=0 if args.quiet and args.log_every is None else args.log_every,
+            tensorboard=args.tensorboard,
             checkpoint=checkpoint,
             resume=args.resume,
             settings=settings,

@@ -26,6 +26,7 @@ from tqdm import tqdm  # not tqdm.auto: it warns in Jupyter without ipywidgets
 from jaxfeed.checkpoint import Checkpointer, Checkpointing
 from jaxfeed.interrupts import Interrupts, interrupt
 from jaxfeed.loaders.protocol import BatchSource, Resumable, SkipsDataState
+from jaxfeed.mask_check import warn_if_padding_counts
 from jaxfeed.sharding import DeviceFeed
 from jaxfeed.steps import (
     EvalStep,
@@ -44,6 +45,7 @@ from jaxfeed.steps import (
     to_host,
     trace_step,
 )
+from jaxfeed.training_log import TrainingLog
 
 __all__ = [
     "FitResult",
@@ -111,7 +113,14 @@ class _Loop:
     def __init__(self, train: BatchSource, sharding: NamedSharding, k: int, progress: bool | None):
         self.train, self.sharding, self.k, self.progress = train, sharding, k, progress
         self.epoch = self.next_batch = self.step = 0
-        self.counted = 0.0  # real rows of this epoch trained before a resume
+        self.counted = 0.0  # real rows of this record's window trained before a resume
+        self.window_started = time.perf_counter()  # when this record's window began
+        self.wait = 0.0  # seconds of this window the device may have waited for data
+        self.eval_due: Callable[[int], bool] | None = None  # eval_every, as a test of a step
+        self.on_window: Callable[[Any, Sums], Sums] | None = None  # makes an eval_every record
+        self.log: TrainingLog | None = None
+        self.step_callbacks: Sequence[Callable[[dict], object]] = ()
+        self.mask_step: Step | None = None  # the step to check for padding use, until checked
         self.history: list[dict] = []
         self.checkpointer: Checkpointer | None = None
         self.interrupts = Interrupts()
@@ -212,12 +221,12 @@ class _Loop:
 
     def train_epoch(
         self, feed: DeviceFeed, run: Callable, state: Any, totals: Sums
-    ) -> tuple[Any, Sums, float]:
+    ) -> tuple[Any, Sums]:
         """Steps through ``feed`` to the epoch's end; returns the new state and
-        sums and the seconds the device may have idled waiting for data."""
+        sums (adding to `wait` the seconds the device may have idled for data)."""
         every = self.checkpointer.config.every if self.checkpointer else None
         serialize = serialize_steps(self.sharding)
-        wait, save_due = 0.0, False
+        save_due = False
         bar = tqdm(
             total=feed.num_batches,
             initial=self.next_batch,
@@ -233,9 +242,9 @@ class _Loop:
                 if not (step_running and not totals["count"].is_ready()):
                     # The device may have idled for (part of) this wait: counted
                     # in full, so the figure is an upper bound.
-                    wait += time.perf_counter() - t
+                    self.wait += time.perf_counter() - t
                 if batch is None:  # a checkpoint due now is left to the epoch's end
-                    return state, totals, wait
+                    return state, totals
                 # Saved here, not right after the step: at an epoch's last batch
                 # the epoch-end checkpoint (after evaluation) takes its place.
                 if self.should_stop(save_due):
@@ -244,6 +253,10 @@ class _Loop:
                 if save_due:
                     self.save(state, totals)
                 batch = device_part(batch, feed.host_fields)
+                if self.mask_step is not None and warn_if_padding_counts(
+                    self.mask_step, state, batch
+                ):
+                    self.mask_step = None  # checked on the first padded batch
                 state, totals = run(state, totals, batch)
                 if serialize:
                     jax.block_until_ready(totals)
@@ -252,18 +265,52 @@ class _Loop:
                 self.step += n
                 save_due = every is not None and self.step // every > (self.step - n) // every
                 bar.update(n)
+                state, totals = self.after_steps(n, feed.num_batches, state, totals)
 
-    def record(self, totals: Sums, seconds: float, wait: float) -> dict:
+    def after_steps(self, n: int, num_batches: int | None, state: Any, totals: Sums):
+        """Per-step work after ``n`` steps: step callbacks, a progress line, an
+        ``eval_every`` record (which starts new sums)."""
+        if self.step_callbacks:
+            info = {"epoch": self.epoch + 1, "batch": self.next_batch,
+                    "num_batches": num_batches, "step": self.step}  # fmt: skip
+            for callback in self.step_callbacks:
+                callback(info)
+        if self.log is not None and self.log.due(self.next_batch, num_batches):
+            values = self.running(totals)
+            self.log.step(self.epoch + 1, self.next_batch, num_batches, self.step, values)
+        due = self.eval_due
+        if due is not None and any(due(s) for s in range(self.step - n + 1, self.step + 1)):
+            totals = self.on_window(state, totals)
+        return state, totals
+
+    def running(self, totals: Sums) -> dict:
+        """This window's means so far, and its speed (a device sync)."""
+        sums = to_host(totals)
+        seconds = time.perf_counter() - self.window_started
+        return {
+            **means(sums),
+            "samples_per_second": (sums["count"] - self.counted) / max(seconds, 1e-9),
+            "data_wait_fraction": self.wait / max(seconds, 1e-9),
+        }
+
+    def record(self, totals: Sums) -> dict:
+        """This window's record (see `next_window`)."""
         self.check_finite(totals)
         sums = to_host(totals)
-        return {
+        seconds = time.perf_counter() - self.window_started
+        record = {
             "epoch": self.epoch + 1,
             "step": self.step,
             **means(sums),
             "seconds": seconds,
             "samples_per_second": (sums["count"] - self.counted) / seconds,
-            "data_wait_fraction": wait / seconds,
+            "data_wait_fraction": self.wait / seconds,
         }
+        return record
+
+    def next_window(self) -> None:
+        """The next record's steps start now (after this one's evaluation and save)."""
+        self.window_started, self.wait, self.counted = time.perf_counter(), 0.0, 0.0
 
 
 def fit(
@@ -280,9 +327,15 @@ def fit(
     resume: bool = False,
     settings: Mapping[str, Any] | None = None,
     callbacks: Sequence[Callable[[dict], object]] = (),
+    step_callbacks: Sequence[Callable[[dict], object]] = (),
     progress: bool | None = None,
     history_path: str | os.PathLike | None = None,
     nan_policy: str = "stop",
+    eval_every: int | Callable[[int], bool] | None = None,
+    log_every: int | None = None,
+    log_records: bool = True,
+    tensorboard: str | os.PathLike | None = None,
+    check_mask: bool = True,
 ) -> FitResult:
     """Trains ``state`` with ``step`` for ``epochs`` epochs of ``train`` (docs/fit.md).
 
@@ -291,7 +344,9 @@ def fit(
     rows by `batch_mask`) with a ``count`` entry. An epoch's record holds each
     metric's ``sum / count``, ``eval_``-prefixed for ``eval_step(state,
     batch) -> sums`` over ``eval``, and ``epoch``, ``step``, ``seconds``,
-    ``samples_per_second`` and ``data_wait_fraction``.
+    ``samples_per_second`` and ``data_wait_fraction``. With ``eval_every``,
+    a record also comes after every such step, over the steps since the
+    previous record.
 
     Args:
       step, eval_step: see above; `fit` jits them. ``eval_step`` comes with ``eval``.
@@ -303,13 +358,30 @@ def fit(
       checkpoint: a directory or `Checkpointing`; ``resume=True`` continues
         from its newest checkpoint exactly (starts fresh if there is none).
       settings: JSON values a resumed run must share with the checkpoint's.
-      callbacks: called with each epoch's record.
+      callbacks: called with each record (each epoch's, and ``eval_every``'s).
+      step_callbacks: called after every step with ``{"epoch", "batch",
+        "num_batches", "step"}`` (host numbers: no device sync).
       progress: a tqdm bar (default: only on a terminal).
       history_path: the records as JSON, rewritten every epoch (process 0);
         its directory must be writable before training starts.
       nan_policy: ``"stop"``: a metric sum that is not finite stops the run
         with `NonFiniteMetric` at the next checkpoint or epoch end, before
         anything is saved from it; ``"continue"`` trains on.
+      eval_every: also make a record, with ``eval``'s metrics, after every
+        this many steps (counted from the run's start, resumed steps
+        included), or after each step ``s`` for which ``eval_every(s)`` is
+        true; every epoch's end still makes one (unless it just did).
+      log_every: print a progress line (process 0, stdout) every this many
+        steps, and one per record; 0: none. None: only off a terminal (where
+        no bar shows), about every 10% of an epoch and at least every 30 s.
+      log_records: include the record lines (``jaxfeed train`` prints its own).
+      tensorboard: a directory: TensorBoard scalars of the progress lines
+        (``train/``), records (``epoch/``) and ``eval`` (``eval/``), by step
+        (needs tensorboardX: the ``tensorboard`` extra).
+      check_mask: at the first padded batch, warn (`PaddingCountedWarning`)
+        if the step's sums change with the padding rows' values, i.e. count
+        them (one extra compilation of the step; skipped with
+        ``steps_per_transfer > 1``).
 
     Returns:
       `FitResult` ``(state, history)``.
@@ -327,6 +399,7 @@ def fit(
         raise ValueError("pass eval and eval_step together (eval_step computes eval's sums)")
     if nan_policy not in ("stop", "continue"):
         raise ValueError(f"nan_policy must be 'stop' or 'continue', got {nan_policy!r}")
+    eval_due = _eval_due(eval_every)
     if history_path is not None:
         _check_writable(Path(history_path))
     if resume and checkpoint is None:
@@ -346,38 +419,57 @@ def fit(
         train = train.without_data_state()  # its state costs time, and nothing will ask
     loop = _Loop(train, sharding, steps_per_transfer, progress)
     loop.stop_on_nan = nan_policy == "stop"
+    loop.step_callbacks = tuple(step_callbacks)
+    if check_mask and steps_per_transfer == 1:
+        loop.mask_step = step
     totals, feed = zeros, None
+
+    def close_window(state: Any, totals: Sums, end_of_epoch: bool = False) -> Sums:
+        """Makes a record of the steps since the last one (evaluated), keeps
+        it, reports it; returns the sums of the next window."""
+        jax.block_until_ready(totals)  # steps are dispatched ahead: wait for them
+        record = loop.record(totals)
+        if eval is not None:
+            record |= means(eval_pass(eval_run, state, eval_zeros, eval, sharding), "eval_")
+        loop.history.append(record)
+        if end_of_epoch:
+            loop.epoch, loop.next_batch = loop.epoch + 1, 0
+            loop.save(state, zeros)
+        if history_path is not None and jax.process_index() == 0:
+            _write_json(Path(history_path), loop.history)
+        loop.log.record(record)
+        for callback in callbacks:
+            callback(record)
+        loop.next_window()
+        return zeros
+
+    if eval_due is not None:
+        loop.eval_due, loop.on_window = eval_due, close_window
     try:
+        loop.log = TrainingLog(log_every, epochs, log_records, tensorboard)
         if checkpoint is not None:
             topology = run_topology(sharding)
             loop.checkpointer = Checkpointer(checkpoint, run_settings(train, settings), topology)
             if resume:
                 state, totals = loop.resume(state, totals)
         with loop.interrupts:
+            loop.window_started = time.perf_counter()
             while loop.epoch < epochs:
                 if feed is None:
                     feed = loop.open(loop.epoch, loop.next_batch)
-                started = time.perf_counter()
-                state, totals, wait = loop.train_epoch(feed, run, state, totals)
+                state, totals = loop.train_epoch(feed, run, state, totals)
                 feed.close()
                 feed = None
                 if loop.epoch + 1 < epochs and not loop.stopping():
                     # Opened now, so its first batches load while the device
                     # finishes this epoch's steps and while it is evaluated.
                     feed = loop.open(loop.epoch + 1, 0)
-                # Steps are dispatched ahead: the epoch ends when the device is done.
-                jax.block_until_ready(totals)
-                record = loop.record(totals, time.perf_counter() - started, wait)
-                if eval is not None:
-                    eval_sums = eval_pass(eval_run, state, eval_zeros, eval, sharding)
-                    record |= means(eval_sums, "eval_")
-                loop.history.append(record)
-                loop.epoch, loop.next_batch, loop.counted, totals = loop.epoch + 1, 0, 0.0, zeros
-                loop.save(state, totals)
-                if history_path is not None and jax.process_index() == 0:
-                    _write_json(Path(history_path), loop.history)
-                for callback in callbacks:
-                    callback(record)
+                just_recorded = loop.history and loop.history[-1]["step"] == loop.step
+                if eval_due is not None and just_recorded:  # eval_every's record ended it
+                    loop.epoch, loop.next_batch = loop.epoch + 1, 0
+                    loop.save(state, totals)
+                else:
+                    totals = close_window(state, totals, end_of_epoch=True)
                 # Once the last epoch is done, Ctrl-C has nothing left to stop.
                 if loop.epoch < epochs and loop.should_stop(sync_point=True):
                     raise loop.stopped()
@@ -386,4 +478,21 @@ def fit(
             feed.close()  # also when a loader error or Ctrl-C ends training early
         if loop.checkpointer is not None:
             loop.checkpointer.close()  # the last save is complete on disk
+        if loop.log is not None:
+            loop.log.close()
     return FitResult(state, loop.history)
+
+
+def _eval_due(eval_every: int | Callable[[int], bool] | None) -> Callable[[int], bool] | None:
+    """``eval_every`` as a test of a step number (None: epochs only).
+
+    Raises:
+      ValueError: an int below 1, or neither an int nor a callable.
+    """
+    if eval_every is None or callable(eval_every):
+        return eval_every
+    if type(eval_every) is not int or eval_every < 1:
+        raise ValueError(
+            f"eval_every must be an int >= 1 (steps) or a function of the step, got {eval_every!r}"
+        )
+    return lambda step: step % eval_every == 0

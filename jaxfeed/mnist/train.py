@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -107,6 +108,8 @@ def train(
     sharding: NamedSharding | Mesh | None = None,
     on_epoch: Callable[[dict], None] | None = None,
     progress: bool | None = None,
+    log_every: int | None = None,
+    tensorboard: str | os.PathLike | None = None,
     checkpoint: Checkpointing | str | None = None,
     resume: bool = False,
     settings: Mapping[str, Any] | None = None,
@@ -123,6 +126,8 @@ def train(
       sharding: batch sharding or mesh (default: all devices).
       on_epoch: called with each epoch's metrics as soon as they exist.
       progress: show a tqdm bar (default: only on a terminal).
+      log_every, tensorboard: progress lines and TensorBoard scalars, as for
+        `jaxfeed.fit` (the epoch lines are ``on_epoch``'s to print).
       checkpoint, resume, settings, nan_policy: as for `jaxfeed.fit`; the seed and
         learning settings of ``config`` need not match to resume.
 
@@ -146,6 +151,9 @@ def train(
         settings=settings,
         callbacks=callbacks,
         progress=progress,
+        log_every=log_every,
+        log_records=False,
+        tensorboard=tensorboard,
         nan_policy=nan_policy,
     )
     return result.state["params"], [_record(m) for m in result.history]
