@@ -36,9 +36,8 @@ from jaxfeed.loaders.backends.sampled_source import SampledSource
 from jaxfeed.loaders.bytes_field import BytesField
 from jaxfeed.loaders.data.cache import build_once, cache_entry
 from jaxfeed.loaders.disk_read_ahead import MappedRows
-from jaxfeed.loaders.record_pool import RecordPool
 from jaxfeed.loaders.sampler import Sampler
-from jaxfeed.loaders.transform import RecordTransform, check_workers
+from jaxfeed.loaders.transform import RecordTransform
 from tqdm import tqdm
 
 OPTIONS = ("order", "read", "num_workers")
@@ -101,17 +100,11 @@ class HFSource(SampledSource):
         # The file's record batches, memory-mapped: views, not copies.
         self._chunks = self.rows.data.table.to_batches() if read == "take" else None
         self._layout = {key: (a.shape[1:], a.dtype) for key, a in dataset.arrays.items()}
-        self._pool = None
-        if check_workers("hf", num_workers, transform):
-            reader = ArrowRows(self.path / ARROW_FILE, self._layout)
-            self._pool = RecordPool(reader, transform, num_workers)
+        self._start_pool("hf", ArrowRows(self.path / ARROW_FILE, self._layout), num_workers)
 
     def _fetch(
         self, index_batches: Sequence[np.ndarray], epoch: int
     ) -> Iterator[Mapping[str, np.ndarray]]:
-        if self._pool is not None:
-            yield from self._pool.batches(index_batches, epoch)
-            return
         row_bytes = sum(array[:1].nbytes for array in self.dataset.arrays.values())
         per_call = max(1, BYTES_PER_TAKE // (self.batch_size * row_bytes))
         for first in range(0, len(index_batches), per_call):
@@ -128,11 +121,6 @@ class HFSource(SampledSource):
                 if self.transform is not None:
                     batch = self.transform.batch(batch, batch_indices, epoch)
                 yield batch
-
-    def close(self) -> None:
-        """Stops the worker processes (if any); the next epoch starts new ones."""
-        if self._pool is not None:
-            self._pool.close()
 
     def _read_rows(self) -> list[MappedRows]:
         """The Arrow copy's rows (what this source reads), chunk by chunk; bools

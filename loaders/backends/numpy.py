@@ -7,9 +7,9 @@ from collections.abc import Iterator, Mapping, Sequence
 import numpy as np
 from jaxfeed.loaders.backends.sampled_source import SampledSource
 from jaxfeed.loaders.data.catalog import ArrayDataset
-from jaxfeed.loaders.record_pool import ArrayRows, RecordPool
+from jaxfeed.loaders.record_pool import ArrayRows
 from jaxfeed.loaders.sampler import Sampler
-from jaxfeed.loaders.transform import RecordTransform, check_workers
+from jaxfeed.loaders.transform import RecordTransform
 
 
 class NumpySource(SampledSource):
@@ -33,24 +33,14 @@ class NumpySource(SampledSource):
     ):
         super().__init__(dataset, sampler, transform=transform)
         self.rows = ArrayRows(dataset.arrays)
-        self._pool = None
-        if check_workers("numpy", num_workers, transform):
-            self._pool = RecordPool(self.rows, transform, num_workers)
+        self._start_pool("numpy", self.rows, num_workers)
 
     def _fetch(
         self, index_batches: Sequence[np.ndarray], epoch: int
     ) -> Iterator[Mapping[str, np.ndarray]]:
-        if self._pool is not None:
-            yield from self._pool.batches(index_batches, epoch)
-            return
         for indices in index_batches:
             rows = self.rows(indices)
             yield rows if self.transform is None else self.transform.batch(rows, indices, epoch)
-
-    def close(self) -> None:
-        """Stops the worker processes (if any); the next epoch starts new ones."""
-        if self._pool is not None:
-            self._pool.close()
 
 
 OPTIONS: tuple[str, ...] = ("num_workers",)

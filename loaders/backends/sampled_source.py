@@ -17,8 +17,9 @@ from jaxfeed.loaders.bytes_field import BytesField
 from jaxfeed.loaders.data.on_disk import advise
 from jaxfeed.loaders.disk_read_ahead import DiskReadAhead, MappedRows, mapped_rows
 from jaxfeed.loaders.protocol import MASK_KEY, ArraySpec, Batch
+from jaxfeed.loaders.record_pool import RecordPool, RowReader
 from jaxfeed.loaders.sampler import Sampler
-from jaxfeed.loaders.transform import RecordTransform
+from jaxfeed.loaders.transform import RecordTransform, check_workers
 
 
 class SampledSource(abc.ABC):
@@ -77,6 +78,7 @@ class SampledSource(abc.ABC):
         self.sampler = sampler
         self.order = order
         self.transform = transform
+        self._pool: RecordPool | None = None  # worker processes reading in its place
         # Each field's row shape and dtype in the batches: the transform's output, or the data.
         self._rows = (
             {key: (a.shape[1:], a.dtype) for key, a in dataset.arrays.items()}
@@ -124,7 +126,10 @@ class SampledSource(abc.ABC):
         # On-disk fields: the kernel starts reading the next batches' rows early.
         ahead = DiskReadAhead(self._read_rows(), index_batches)
         try:
-            fetched = self._fetch(index_batches, epoch)
+            if self._pool is not None:
+                fetched = self._pool.batches(index_batches, epoch)
+            else:
+                fetched = self._fetch(index_batches, epoch)
             for step, ((_, num_valid), batch) in enumerate(zip(plan, fetched, strict=True)):
                 ahead.reached(step)
                 yield self._finish(batch, num_valid)
@@ -138,6 +143,21 @@ class SampledSource(abc.ABC):
 
     def __iter__(self) -> Iterator[Batch]:
         return self.iter_epoch(0)
+
+    def _start_pool(self, backend: str, read: RowReader, num_workers: int) -> None:
+        """With ``num_workers``, batches of the sampler order are read and
+        transformed by a `RecordPool` of that many processes, not `_fetch`.
+
+        Raises:
+          ValueError: ``num_workers`` is not an int >= 0, or > 0 without a transform.
+        """
+        if check_workers(backend, num_workers, self.transform):
+            self._pool = RecordPool(read, self.transform, num_workers)
+
+    def close(self) -> None:
+        """Stops the worker processes (if any); the next epoch starts new ones."""
+        if self._pool is not None:
+            self._pool.close()
 
     def _advise(self, random_order: bool) -> None:
         """Page-sized reads of on-disk rows for a random order of data that the
