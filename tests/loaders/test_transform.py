@@ -129,7 +129,7 @@ def test_the_augmentation_is_new_every_epoch_and_belongs_to_the_row(digits):
     assert epoch(1, 7) == second
 
 
-@pytest.mark.parametrize("backend", ["numpy", "grain"])
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_two_processes_together_read_the_single_process_batch(backend, digits):
     def make(index, count, batch):
         return loaders.make(backend, dataset=digits, batch_size=batch, seed=2,
