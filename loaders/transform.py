@@ -12,6 +12,7 @@ byte-identical batches on every backend, and a new one every epoch.
 from __future__ import annotations
 
 import pickle
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -113,22 +114,38 @@ class RecordTransform:
                 )
         return result
 
-    def check_picklable(self, runner: str) -> None:
+    def check_picklable(self, runner: str, by_value: bool = False) -> None:
         """Refuses a ``fn`` that worker processes cannot receive.
 
+        Args:
+          runner: who runs the workers, for the message.
+          by_value: the workers receive ``fn`` through cloudpickle, by value
+            (Grain does), so lambdas and a notebook's functions travel too.
+
         Raises:
-          TypeError: ``fn`` does not pickle (a lambda, a local function); the
-            message says to define it at module level.
+          TypeError: ``fn`` does not pickle (a lambda, a local function), or
+            is defined in an interactive ``__main__``; the message says to
+            define it at the top level of a module.
         """
+        why = None
         try:
-            pickle.dumps(self.fn)
+            if by_value:
+                import cloudpickle
+
+                cloudpickle.dumps(self.fn)
+            else:
+                pickle.dumps(self.fn)
         except Exception as err:
+            why = f"does not pickle ({err})"
+        if why is None and not by_value and _interactive(self.fn):
+            # It pickles by name, but a spawned worker has no such __main__ to find it in.
+            why = "is defined in an interactive __main__ (a notebook, python -c)"
+        if why is not None:
             raise TypeError(
                 f"{runner} run the transform in worker processes, which receive it "
-                f"pickled, and {self.fn!r} does not pickle ({err}); define it at the "
-                "top level of a module (not a lambda or a nested function), or use "
-                "num_workers=0"
-            ) from None
+                f"pickled, and {self.fn!r} {why}; define it at the top level of a module "
+                "(a .py file; not a lambda or a nested function), or use num_workers=0"
+            )
 
 
 def check_workers(backend: str, num_workers: object, transform: RecordTransform | None) -> int:
@@ -146,6 +163,14 @@ def check_workers(backend: str, num_workers: object, transform: RecordTransform 
             "gather is fastest in this process; pass transform=fn or drop num_workers"
         )
     return num_workers
+
+
+def _interactive(fn: object) -> bool:
+    """Whether ``fn`` is defined in a ``__main__`` with no file (a notebook's
+    cells, ``python -c``): spawned processes re-import ``__main__`` from its
+    file, so they could not find it."""
+    main = sys.modules.get("__main__")
+    return getattr(fn, "__module__", None) == "__main__" and not getattr(main, "__file__", None)
 
 
 def _stack(values: list[np.ndarray], dtype: np.dtype, key: str) -> np.ndarray:

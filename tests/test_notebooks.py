@@ -193,6 +193,20 @@ def _check_your_data(out: str, nb: nbformat.NotebookNode) -> None:
     assert len(losses) == 2 and losses[1] < losses[0], losses
     (accuracy,) = _floats(r"(?m)^epoch 2: .* training accuracy (\d\.\d+)", out)
     assert accuracy > 0.5
+    # Image files read as bytes, augmented per record: the same batches on every backend.
+    assert "bytes fields: ['image_bytes']" in out
+    sizes = re.search(r"held encoded: ([\d,]+) bytes; decoded to uint8 pixels: ([\d,]+) bytes", out)
+    encoded, decoded = (int(size.replace(",", "")) for size in sizes.groups())
+    assert decoded == 64 * 64 * 64 * 3 and encoded < decoded
+    digests = re.findall(r"^(\w+) +first batch sha1 (\w{12}) +epoch 0 sha1 (\w{12})$", out, re.M)
+    assert [name for name, _, _ in digests] == ["numpy", "torch", "tf", "grain", "hf"]
+    assert len({(first, epoch) for _, first, epoch in digests}) == 1, digests
+    assert "augmented batches identical on all five backends: True" in out
+    assert (
+        "epoch 1 vs epoch 0, same rows: labels equal: True, images differ: True; "
+        "epoch 0 read again identical: True"
+    ) in out
+    assert _images(nb) == 1  # the stored files beside their augmented crops
 
 
 CHECKS: dict[str, Callable[[str, nbformat.NotebookNode], None]] = {

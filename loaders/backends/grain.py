@@ -249,7 +249,7 @@ class GrainSource(SampledSource):
         self._workers: _Reader | None = None
         self._reading = threading.Lock()  # held while an epoch reads `_workers`
         if transform is not None and num_workers:
-            transform.check_picklable(f"Grain's num_workers={num_workers}")
+            transform.check_picklable(f"Grain's num_workers={num_workers}", by_value=True)
         if order == "sampler" and num_workers:
             everything = grain.MapDataset.source(_AllEpochs(sampler, transform is not None))
             self._workers = _Reader(
