@@ -15,19 +15,30 @@ of its own), so the parent still sees them. `SPAWN`'s processes (torch's
 workers) then take SIGTERM from their parent only, so a loader's
 ``terminate()`` still ends them. The main process closes its workers itself;
 past its timeout Grain kills its workers (SIGKILL).
+
+`SPAWN_WITHOUT_MAIN`'s processes also skip what spawn does first in every
+child: run the parent's main script again (its imports: JAX, a model
+library, seconds per worker). Only for workers whose every input is known
+not to come from that script. `reported_start` says once what starting
+spawned workers cost.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import multiprocessing
 import os
 import signal
+import sys
 import threading
-from collections.abc import Iterator
-from multiprocessing import util
+import time
+from collections.abc import Generator, Iterator
+from multiprocessing import spawn, util
 from multiprocessing.context import SpawnContext, SpawnProcess
-from typing import Any
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 
 class _Sigaction(ctypes.Structure):
@@ -145,3 +156,87 @@ class _StopSignalsIgnoringSpawn(SpawnContext):
 
 SPAWN = _StopSignalsIgnoringSpawn()
 """A spawn ``multiprocessing`` context whose processes leave SIGINT and SIGTERM to their parent."""
+
+
+_STARTING = threading.local()  # .without_main: this thread starts a `SPAWN_WITHOUT_MAIN` child
+_PREPARATION_DATA = spawn.get_preparation_data
+
+
+def _preparation_data(name: str) -> dict[str, Any]:
+    """What a spawned child sets up before it unpickles its process object;
+    without the parent's main module (``init_main_from_*``) for a child
+    started by this thread through `SPAWN_WITHOUT_MAIN`."""
+    data = _PREPARATION_DATA(name)
+    if getattr(_STARTING, "without_main", False):
+        data.pop("init_main_from_name", None)
+        data.pop("init_main_from_path", None)
+    return data
+
+
+class _MainlessProcess(_StopSignalsIgnoringProcess):
+    def start(self) -> None:
+        # Python 3.11-3.13's spawn Popen asks spawn.get_preparation_data, in the
+        # starting thread, what the child prepares. Installed once and left in
+        # place: it changes nothing for a child this flag (this thread's) is not set for.
+        spawn.get_preparation_data = _preparation_data
+        _STARTING.without_main = True
+        try:
+            super().start()
+        finally:
+            _STARTING.without_main = False
+
+
+class _MainlessSpawn(_StopSignalsIgnoringSpawn):
+    Process = _MainlessProcess
+
+
+SPAWN_WITHOUT_MAIN = _MainlessSpawn()
+"""`SPAWN`, its processes not running the parent's main script first.
+
+For workers whose inputs (process arguments, and all that reaches them later
+through queues) unpickle without it: nothing defined in the main script, and
+no side effect of running it needed (a codec it registers belongs in the
+dataset's module or a ``worker_init_fn``)."""
+
+
+def start_method(context: Any) -> str:
+    """The start method of a ``multiprocessing`` context; for None, of
+    multiprocessing's default (left unset if it is)."""
+    if context is not None:
+        return context.get_start_method()
+    method = multiprocessing.get_start_method(allow_none=True)
+    return method or multiprocessing.get_all_start_methods()[0]
+
+
+def reported_start(
+    batches: Generator[T, None, None],
+    what: str,
+    context: Any,
+    persistent: bool,
+    since: float | None = None,
+) -> Iterator[T]:
+    """``batches``, the first of which waits for ``what`` ("2 torch workers")
+    to start with ``context``; when they are spawned (not forked), that wait
+    is printed to stderr: seconds, paid once by ``persistent`` workers, else
+    by every epoch (so the line says so).
+
+    Args:
+      since: when the workers began to start (`time.perf_counter`); default:
+        when the first batch is asked for.
+    """
+    method = start_method(context)
+    if method == "fork":  # milliseconds: nothing to say
+        yield from batches
+        return
+    with contextlib.closing(batches):  # closed early: closes ``batches`` now
+        began = time.perf_counter() if since is None else since
+        for batch in batches:
+            if began is not None:
+                seconds, began = time.perf_counter() - began, None
+                again = "once: they serve every epoch" if persistent else "again every epoch"
+                print(
+                    f"jaxfeed: starting {what} ({method}): {seconds:.1f} s ({again})",
+                    file=sys.stderr,
+                    flush=True,
+                )
+            yield batch

@@ -68,9 +68,13 @@ def batch_sharding(
         return mesh_or_sharding
     mesh = data_mesh(data_axis=data_axis) if mesh_or_sharding is None else mesh_or_sharding
     if data_axis not in mesh.axis_names:
+        axis = mesh.axis_names[0]
         raise ValueError(
             f"mesh axis {data_axis!r} not found; the mesh has axes {mesh.axis_names}. "
-            f"Pass data_axis= one of them"
+            f"Pass the batch sharding instead of the mesh (DeviceFeed(source, sharding), "
+            f"fit(..., mesh=sharding)) with sharding = NamedSharding(mesh, "
+            f"PartitionSpec({axis!r})), or build the mesh with a {data_axis!r} axis: "
+            f"Mesh(devices, ({data_axis!r},)) or jaxfeed.data_mesh()"
         )
     return NamedSharding(mesh, PartitionSpec(data_axis))
 

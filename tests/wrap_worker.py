@@ -11,8 +11,15 @@ and a script:
       initialises JAX, wraps a DataLoader(num_workers=2) built with the
       default (fork) context, reads an epoch (``bare``: the DataLoader
       itself) and prints a JSON report with the warnings seen.
+  python wrap_worker.py spawn OUT
+      imports JAX and Flax as a training script does, wraps a shuffled
+      DataLoader(num_workers=2, multiprocessing_context="spawn"), reads 3
+      epochs into OUT/epoch-E.npz, its workers noting themselves there
+      (`note_worker`), and prints a JSON report: the worker pids alive after
+      each epoch, and what this process imported.
 """
 
+import contextlib
 import json
 import os
 import sys
@@ -52,6 +59,17 @@ class Records:
 
 class ArraysDataset(Records, torch.utils.data.Dataset):
     """`Records` as a map-style torch Dataset."""
+
+
+def _imported() -> list[str]:
+    return [name for name in ("jax", "flax") if name in sys.modules]
+
+
+def note_worker(out: str, worker_id: int) -> None:
+    """A DataLoader ``worker_init_fn`` (through ``functools.partial``): the
+    worker's pid, and which of JAX and Flax it imported, in a file of ``out``."""
+    with open(os.path.join(out, f"worker-{worker_id}-{os.getpid()}.json"), "w") as file:
+        json.dump({"pid": os.getpid(), "imported": _imported()}, file)
 
 
 def random_access_kinds(arrays: dict[str, np.ndarray]) -> dict:
@@ -108,11 +126,48 @@ def _fork(bare: bool) -> None:
     print(json.dumps(report))
 
 
+def _spawn(out: str) -> None:
+    import functools
+    import multiprocessing
+
+    import jax
+
+    # The dataset and worker_init_fn from an importable module, as a script
+    # imports them: run as a script, this file is __main__ (which workers
+    # would have to run again to unpickle what it defines).
+    from wrap_worker import ArraysDataset as Dataset
+    from wrap_worker import note_worker
+
+    from jaxfeed import loaders
+
+    with contextlib.suppress(ImportError):
+        import flax  # noqa: F401 (what a training script imports: its workers need not)
+    jax.devices()
+    loader = torch.utils.data.DataLoader(
+        Dataset(make_arrays()),
+        B,
+        shuffle=True,
+        num_workers=2,
+        multiprocessing_context="spawn",
+        worker_init_fn=functools.partial(note_worker, out),
+    )
+    source = loaders.wrap(loader, seed=SEED)
+    pids = []
+    for epoch in range(3):
+        batches = list(source.iter_epoch(epoch))
+        leaves = {f"{i}-{key}": v for i, batch in enumerate(batches) for key, v in batch.items()}
+        np.savez(os.path.join(out, f"epoch-{epoch}.npz"), **leaves)
+        pids.append(sorted(p.pid for p in multiprocessing.active_children()))
+    print(json.dumps({"pids": pids, "imported": _imported()}))
+
+
 if __name__ == "__main__":
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     if sys.argv[1] == "rows":
         _rows(int(sys.argv[2]), int(sys.argv[3]), sys.argv[4])
     elif sys.argv[1] == "fork":
         _fork(bare=sys.argv[2:] == ["bare"])
+    elif sys.argv[1] == "spawn":
+        _spawn(sys.argv[2])
     else:
         raise SystemExit(f"unknown mode {sys.argv[1]!r}")

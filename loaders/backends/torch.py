@@ -32,7 +32,7 @@ from jaxfeed.loaders.data.on_disk import for_pickle, from_pickle
 from jaxfeed.loaders.read_ahead import END, pump
 from jaxfeed.loaders.sampler import Sampler
 from jaxfeed.loaders.transform import RecordTransform
-from jaxfeed.loaders.workers import SPAWN
+from jaxfeed.loaders.workers import SPAWN, reported_start
 from torch.utils import data as torch_data
 
 OPTIONS = ("order", "num_workers", "prefetch_factor", "persistent_workers")
@@ -131,7 +131,8 @@ class EpochLoaders:
     persistent, one DataLoader (and its workers) shared by every epoch.
 
     An epoch begun while another still reads the shared loader gets a
-    DataLoader (and workers) of its own, as Grain's backend does.
+    DataLoader (and workers) of its own, as Grain's backend does. The first
+    start of spawned workers is reported once (`reported_start`).
 
     Both the torch backend and ``loaders.wrap`` of a torch map-style dataset
     read through it. ``loader_options`` are DataLoader arguments other than
@@ -144,6 +145,7 @@ class EpochLoaders:
         persistent = loader_options.get("persistent_workers")
         self._shared = self._loader(self._plan) if persistent else None
         self._busy = False  # the shared loader is serving an epoch
+        self._reported = False  # the workers' first start
 
     def _loader(self, batch_sampler: Iterable[Any], **change: Any) -> torch_data.DataLoader:
         options = {**self._options, **change}
@@ -162,7 +164,13 @@ class EpochLoaders:
         if shared:
             self._busy = True
         try:
-            yield from iterate(loader)
+            batches = iterate(loader)
+            if loader.num_workers and not self._reported:
+                self._reported = True
+                what = f"{loader.num_workers} torch workers"
+                context, persistent = loader.multiprocessing_context, loader.persistent_workers
+                batches = reported_start(batches, what, context, persistent)
+            yield from batches
         finally:
             if shared:
                 self._busy = False

@@ -118,23 +118,43 @@ _NON_NUMERIC = {
 }
 
 
-def check_numeric(array: np.ndarray, key: str, where: str) -> None:
-    """Raises for a leaf JAX cannot hold, naming it and the ways out."""
-    dtype = array.dtype
-    if dtype.kind in "biufc" or dtype.type.__module__ == "ml_dtypes":  # bfloat16, float8
-        return
-    name = dtype.str if dtype.kind in "US" else dtype.name
-    if dtype.kind == "O" and array.size and isinstance(array.flat[0], np.ndarray | list | tuple):
+def check_numeric(arrays: Mapping[str, np.ndarray], where: str) -> None:
+    """Raises for leaves JAX cannot hold, naming the ways out: every field
+    whose rows differ in length (each needs ``pad_to``) in one message, else
+    the first that is not numbers."""
+    ragged = [key for key, array in arrays.items() if _rows_differ(array)]
+    if ragged:
+        fields = ", ".join(map(repr, ragged))
+        fields = f"field {fields} is" if len(ragged) == 1 else f"fields {fields} are"
         raise ValueError(
-            f"{where}: field {key!r} is {name} (rows of different lengths); pad them to a "
-            f"fixed length with pad_to={{{key!r}: N}}, or carry them as numpy with "
-            f"host_fields=({key!r},)"
+            f"{where}: {fields} object (rows of different lengths); pad them to a fixed "
+            f"length with {_pad_to(ragged)}, or carry them as numpy with "
+            f"host_fields={tuple(ragged)!r}"
         )
-    raise ValueError(
-        f"{where}: field {key!r} is {name} ({_NON_NUMERIC.get(dtype.kind, 'not numbers')}); "
-        f"JAX arrays hold numbers only: drop it with transform=, tokenize it, or pass "
-        f"host_fields=({key!r},) to carry it with the batch as numpy"
+    for key, array in arrays.items():
+        dtype = array.dtype
+        if dtype.kind in "biufc" or dtype.type.__module__ == "ml_dtypes":  # bfloat16, float8
+            continue
+        name = dtype.str if dtype.kind in "US" else dtype.name
+        raise ValueError(
+            f"{where}: field {key!r} is {name} ({_NON_NUMERIC.get(dtype.kind, 'not numbers')}); "
+            f"JAX arrays hold numbers only: drop it with transform=, tokenize it, or pass "
+            f"host_fields=({key!r},) to carry it with the batch as numpy"
+        )
+
+
+def _rows_differ(array: np.ndarray) -> bool:
+    """Whether ``array`` holds one object per row: rows of different lengths."""
+    return (
+        array.dtype.kind == "O"
+        and array.size > 0
+        and isinstance(array.flat[0], np.ndarray | list | tuple)
     )
+
+
+def _pad_to(keys: Sequence[str]) -> str:
+    """``pad_to={'a': N, 'b': N}``: the option that pads ``keys``."""
+    return "pad_to={" + ", ".join(f"{key!r}: N" for key in keys) + "}"
 
 
 def pad_last_axis(array: np.ndarray, key: str, length: int, where: str) -> np.ndarray:
@@ -202,22 +222,33 @@ def count_rows(batch: Batch, where: str) -> int:
 def raise_mismatch(
     expected: dict[str, ArraySpec], got: dict[str, ArraySpec], where: str, spec_from: str
 ) -> None:
-    """Raises for a batch whose spec differs from the first one's, naming the field."""
+    """Raises for a batch whose spec differs from the first one's, naming
+    every field that differs."""
 
     def describe(spec: ArraySpec | None) -> str:
         return "missing" if spec is None else f"{spec.dtype} {spec.shape}"
 
-    key = next(k for k in sorted(expected.keys() | got.keys()) if expected.get(k) != got.get(k))
-    old, new = expected.get(key), got.get(key)
+    keys = [k for k in sorted(expected.keys() | got.keys()) if expected.get(k) != got.get(k)]
     fix = "make them agree with transform="
     # Only the last axis differs: a length that varies, which pad_to fixes.
-    varies = old and new and old.dtype == new.dtype and len(old.shape) == len(new.shape) > 1
-    if varies and old.shape[:-1] == new.shape[:-1]:
-        fix = f"pad {key!r} to a fixed length with pad_to={{{key!r}: N}}, or " + fix
-    raise ValueError(
-        f"{where}: {key!r} is {describe(new)}, but {spec_from} had {describe(old)}; "
-        f"every batch needs the same keys, shapes and dtypes ({fix})"
+    lengths = [k for k in keys if _length_varies(expected.get(k), got.get(k))]
+    if lengths:
+        fields = ", ".join(map(repr, lengths))
+        fix = f"pad {fields} to a fixed length with {_pad_to(lengths)}, or " + fix
+    differences = "; ".join(
+        f"{key!r} is {describe(got.get(key))}, but {spec_from} had {describe(expected.get(key))}"
+        for key in keys
     )
+    raise ValueError(
+        f"{where}: {differences}; every batch needs the same keys, shapes and dtypes ({fix})"
+    )
+
+
+def _length_varies(old: ArraySpec | None, new: ArraySpec | None) -> bool:
+    """Whether two specs differ in their last axis only: a length that varies."""
+    if old is None or new is None or old.dtype != new.dtype:
+        return False
+    return len(old.shape) == len(new.shape) > 1 and old.shape[:-1] == new.shape[:-1]
 
 
 def check_fields(

@@ -156,12 +156,27 @@ class Stream:
         if live and (best is None or self._live_start(epoch) >= best.position):
             return None
         if best is None:
-            raise ValueError(
-                f"the wrapped {self.kind} no longer knows where batch {start} of epoch "
-                f"{epoch} is: it keeps its last {RING} batches and {EPOCH_STARTS} epoch "
-                f"starts, and this position is older; resume from a recent one"
-            )
+            raise ValueError(self._passed(epoch, start))
         return best
+
+    def _passed(self, epoch: int, start: int) -> str:
+        """Why ``(epoch, start)``, behind every note, cannot be reached, and
+        what reads an epoch again."""
+        starts = ", ".join(str(e) for e in sorted(self._anchors)) or "none"
+        kept = f"the starts of epochs {starts} (its last {EPOCH_STARTS})"
+        if self._per_batch:
+            kept = f"its last {RING} batches and {kept}"
+        moved = "" if self._at is None else f" (it stands in epoch {self._at.epoch})"
+        return (
+            f"the wrapped {self.kind} cannot come back to batch {start} of epoch {epoch}: it "
+            f"is a stream, read forward, and it has moved on past that position{moved}; "
+            f"it can come back only to {kept}. An old epoch of a stream "
+            f"cannot be read again. To read any epoch at any time (e.g. an evaluation set "
+            f"read from epoch 0 each time), wrap a random-access dataset instead (a TFDS "
+            f"data_source, a torch map-style Dataset, a Grain MapDataset, a "
+            f"datasets.Dataset) or pass your arrays to jaxfeed.make(dataset={{...}}); or "
+            f"wrap the stream anew for each read (a new wrap starts at its epoch 0)"
+        )
 
     def _live_start(self, epoch: int) -> tuple[int, int]:
         """Where reading on from the cursor toward ``epoch`` starts: a later

@@ -14,16 +14,20 @@ the dataset yields the same batches for the same epoch.
 Workers are spawned, not forked, under JAX: forking a process that runs
 JAX's threads can deadlock (the threads are copied mid-work). `wrap`
 switches a loader whose workers would fork to spawn when spawning works,
-and otherwise warns once, naming the fix.
+and otherwise warns once, naming the fix. Spawned workers are persistent:
+they start once (seconds: each imports torch and the dataset's modules) and
+serve every epoch. Read in the sampler's order, they also skip running the
+main script again when nothing they unpickle comes from it (its imports,
+JAX among them, would cost each worker seconds more).
 """
 
 from __future__ import annotations
 
 import ast
 import base64
-import multiprocessing
 import pickle
 import sys
+import time
 import types
 import warnings
 import zlib
@@ -31,7 +35,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
-from jaxfeed.loaders.workers import SPAWN
+from jaxfeed.loaders.workers import SPAWN, SPAWN_WITHOUT_MAIN, reported_start, start_method
 from jaxfeed.loaders.wrapping.epochs import Epochs, WrapSettings
 from jaxfeed.loaders.wrapping.random_access import (
     RandomAccess,
@@ -52,11 +56,13 @@ from jaxfeed.loaders.wrapping.streams import (
 def wrap_loader(loader: Any, settings: WrapSettings, **_: Any) -> Epochs:
     """A ``DataLoader``: in the shared sampler's order when it shuffles (or
     not) with torch's own samplers, else in its own order."""
-    context = worker_context(loader)
-    access = _loader_access(loader, context, settings.seed)
-    if isinstance(access, RandomAccess):
-        return sampled_epochs("torch DataLoader", access, settings)
-    return _loader_stream(loader, settings, access, context)
+    why = _own_order(loader)
+    context = worker_context(loader, sampled=why is None)
+    if why is None:
+        return sampled_epochs(
+            "torch DataLoader", _loader_access(loader, context, settings.seed), settings
+        )
+    return _loader_stream(loader, settings, why, context)
 
 
 def wrap_dataset(dataset: Any, settings: WrapSettings, collate_fn: Any = None) -> Epochs:
@@ -78,15 +84,10 @@ def _dataset_access(dataset: Any, collate_fn: Callable | None, seed: int) -> Ran
     return RandomAccess(_length(dataset, "torch Dataset"), False, read)
 
 
-def _loader_access(loader: Any, context: Any, seed: int) -> RandomAccess | str:
-    """A ``DataLoader`` over a map-style dataset with torch's own
-    ``RandomSampler`` or ``SequentialSampler``: the same loader (dataset,
-    collate_fn, workers, ...) fed the plan as its ``batch_sampler``, its
-    workers started with ``context`` (see `worker_context`).
-
-    Returns:
-      The reader, or why the loader keeps its own order (a sentence).
-    """
+def _own_order(loader: Any) -> str | None:
+    """Why ``loader`` keeps its own order (a sentence), or None: a map-style
+    dataset behind torch's own ``RandomSampler`` or ``SequentialSampler``,
+    read in the shared sampler's order."""
     if "IterableDataset" in class_names(loader.dataset):
         return "it reads an IterableDataset (a stream)"
     if loader.batch_sampler is None:
@@ -99,16 +100,20 @@ def _loader_access(loader: Any, context: Any, seed: int) -> RandomAccess | str:
         rows = _length(loader.dataset, "DataLoader's dataset")
         if loader.sampler.replacement or loader.sampler.num_samples != rows:
             return "its RandomSampler draws with replacement or a different number of rows"
-        shuffled = True
-    elif sampler == "SequentialSampler":
-        shuffled = False
-    else:
+    elif sampler != "SequentialSampler":
         return f"it has its own sampler ({sampler})"
-    kwargs = {**loader_options(loader), "multiprocessing_context": context}
+    return None
+
+
+def _loader_access(loader: Any, context: Any, seed: int) -> RandomAccess:
+    """A ``DataLoader`` that `_own_order` lets wrap read in the sampler's
+    order: the same loader (dataset, collate_fn, workers, ...) fed the plan
+    as its ``batch_sampler``, its workers started with ``context`` (see
+    `worker_context`)."""
     return RandomAccess(
         _length(loader.dataset, "DataLoader's dataset"),
-        shuffled,
-        _torch_reader(loader.dataset, kwargs, seed),
+        type(loader.sampler).__name__ == "RandomSampler",
+        _torch_reader(loader.dataset, rebuilt_options(loader, context), seed),
         batch_size=loader.batch_size,
         drop_remainder=loader.drop_last,
     )
@@ -135,6 +140,16 @@ def loader_options(loader: Any) -> dict[str, Any]:
     return {name: getattr(loader, name) for name in names if hasattr(loader, name)}
 
 
+def rebuilt_options(loader: Any, context: Any) -> dict[str, Any]:
+    """`loader_options`, the workers started with ``context``; spawned (or
+    forkserver) workers persistent, whatever the loader said: their start
+    costs seconds, which every epoch would pay again."""
+    options = {**loader_options(loader), "multiprocessing_context": context}
+    if loader.num_workers and start_method(context) != "fork":
+        options["persistent_workers"] = True
+    return options
+
+
 def rebuilt_loader(loader: Any, context: Any, cls: type | None = None) -> Any:
     """``loader``'s dataset, order and options as a new ``cls`` (torch's
     ``DataLoader`` by default, or torchdata's ``StatefulDataLoader``), its
@@ -144,7 +159,7 @@ def rebuilt_loader(loader: Any, context: Any, cls: type | None = None) -> Any:
     ``StatefulDataLoader`` can checkpoint)."""
     if cls is None:
         from torch.utils.data import DataLoader as cls
-    kwargs = {**loader_options(loader), "multiprocessing_context": context}
+    kwargs = rebuilt_options(loader, context)
     dataset, batches = loader.dataset, loader.batch_sampler
     iterable = "IterableDataset" in class_names(dataset)
     if iterable or (type(batches).__name__ == "BatchSampler" and batches.sampler is loader.sampler):
@@ -261,11 +276,13 @@ class TorchCursor(IterCursor):
             )
         self._start: list[str] = []  # the generators' states at this pass's start
         self._state: Any = None  # the loader's, after the last batch
+        self._reported = False  # the workers' first start
 
     def begin(self, pass_: int, state: Any, in_pass: int) -> None:
         import torch
         from jaxfeed.loaders.backends.torch import iterate  # imports torch, which the user has
 
+        began = time.perf_counter()  # (torchdata's state_dict() below may start the workers)
         self._close()
         for set_epoch in self._setters:
             set_epoch(pass_)
@@ -294,6 +311,12 @@ class TorchCursor(IterCursor):
             self._state = self._loader.state_dict()
         # `iterate` turns a dead worker into an error on any thread, not a hang.
         self._batches = iterate(_WithStates(self._loader) if self.per_batch else self._loader)
+        loader = self._loader
+        if loader.num_workers and not self._reported:
+            self._reported = True
+            what, context = f"{loader.num_workers} torch workers", loader.multiprocessing_context
+            persistent = loader.persistent_workers
+            self._batches = reported_start(self._batches, what, context, persistent, began)
 
     def next(self) -> Any:
         if not self.per_batch:
@@ -433,31 +456,36 @@ def _as_is(item: Any) -> Any:
 # --- workers: spawned, not forked, under JAX ----------------------------------------------
 
 
-def worker_context(loader: Any) -> Any:
+def worker_context(loader: Any, sampled: bool = False) -> Any:
     """The multiprocessing context `wrap` gives ``loader``'s workers.
 
     Forking a process that runs JAX's threads can deadlock, so workers that
     would fork by default are spawned instead when spawning works (the
     dataset, collate_fn and worker_init_fn pickle, and a script re-run by
     spawn starts no work). Otherwise, and for an explicit ``"fork"``, the
-    loader keeps its context and one warning names the fix.
+    loader keeps its context and one warning names the fix. Spawned workers
+    fed only wrap's own index batches (``sampled``: read in the sampler's
+    order) skip re-running the main script when nothing they unpickle is
+    defined there (`SPAWN_WITHOUT_MAIN`).
     """
     context = loader.multiprocessing_context
     if not loader.num_workers:
         return context
-    if context is None:
-        method = multiprocessing.get_start_method(allow_none=True)
-        method = method or multiprocessing.get_all_start_methods()[0]
-    else:
-        method = context.get_start_method()
-    if method == "spawn":
+    method = start_method(context)
+    if method == "spawn" and not sampled:
         return SPAWN  # spawn, its workers leaving Ctrl-C to this process
-    if method != "fork":
+    if method not in ("spawn", "fork"):
         return context
-    problem = "it was built with multiprocessing_context='fork'" if context else None
-    parts = ("dataset", "collate_fn", "worker_init_fn")
-    problem = problem or _spawn_problem({name: getattr(loader, name) for name in parts})
-    if problem is None:
+    problem = None
+    if method == "fork" and context is not None:
+        problem = "it was built with multiprocessing_context='fork'"
+    else:
+        parts = ("dataset", "collate_fn", "worker_init_fn")
+        problem, from_main = _pickled({name: getattr(loader, name) for name in parts})
+        if problem is None and not from_main and sampled:
+            return SPAWN_WITHOUT_MAIN
+        problem = problem or _main_problem(from_main)
+    if problem is None or method == "spawn":  # (spawn: torch's own errors, as the user's loader)
         return SPAWN
     warnings.warn(
         f"the wrapped DataLoader starts its {loader.num_workers} workers with fork, which "
@@ -472,32 +500,44 @@ def worker_context(loader: Any) -> Any:
     return context
 
 
-def _spawn_problem(parts: Mapping[str, Any]) -> str | None:
-    """Why spawned workers could not run ``parts``, or None."""
-    main = sys.modules["__main__"]
-    main_file = getattr(main, "__file__", None)
-    in_main: list[str] = []
+def _pickled(parts: Mapping[str, Any]) -> tuple[str | None, list[tuple[str, str]]]:
+    """Why ``parts`` do not pickle (or None), and the ``(part, name)`` of
+    each class or function defined in the main script that they use."""
+    from_main: list[tuple[str, str]] = []
 
     class Probe(pickle.Pickler):
+        def __init__(self, part: str):
+            super().__init__(_Discard(), protocol=pickle.HIGHEST_PROTOCOL)
+            self.part = part
+
         def persistent_id(self, obj: Any) -> Any:
             if isinstance(obj, np.ndarray) and not obj.dtype.hasobject:
                 return 0  # arrays always pickle: skip their bytes
             if type(obj).__module__.startswith("torch") and type(obj).__name__ == "Tensor":
                 return 0
             if isinstance(obj, type | types.FunctionType) and obj.__module__ == "__main__":
-                in_main.append(obj.__qualname__)
+                from_main.append((self.part, obj.__qualname__))
             return None
 
-    for name, value in parts.items():
+    for part, value in parts.items():
         try:
-            Probe(_Discard(), protocol=pickle.HIGHEST_PROTOCOL).dump(value)
+            Probe(part).dump(value)
         except Exception as error:  # whatever fails, it does not pickle
-            return f"its {name} does not pickle ({type(error).__name__}: {error})"
-        if in_main and main_file is None:
-            return (
-                f"its {name} uses {in_main[0]}, defined in an interactive session, which "
-                f"spawned workers cannot import"
-            )
+            return f"its {part} does not pickle ({type(error).__name__}: {error})", from_main
+    return None, from_main
+
+
+def _main_problem(from_main: list[tuple[str, str]]) -> str | None:
+    """Why workers that run the main script again (spawn's way) could not
+    start, or None."""
+    main = sys.modules["__main__"]
+    main_file = getattr(main, "__file__", None)
+    if from_main and main_file is None:
+        part, name = from_main[0]
+        return (
+            f"its {part} uses {name}, defined in an interactive session, which spawned "
+            f"workers cannot import"
+        )
     if main_file is not None and not _called_under_main_guard(main, main_file):
         return f"{main_file} calls wrap() outside `if __name__ == '__main__':` (spawn re-runs it)"
     return None

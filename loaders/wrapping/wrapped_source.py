@@ -208,12 +208,11 @@ class WrappedSource:
         if self._transform is not None:
             batch = {k: raw_batches.to_numpy(v) for k, v in self._transform(batch).items()}
         self._check_names(batch, where)
-        for key, value in batch.items():
-            if key in self.host_fields:
-                continue
-            if key in self._pad_to:
-                value = raw_batches.pad_last_axis(value, key, self._pad_to[key], where)
-            raw_batches.check_numeric(value, key, where)
+        for key, length in self._pad_to.items():
+            batch[key] = raw_batches.pad_last_axis(batch[key], key, length, where)
+        device = {k: v for k, v in batch.items() if k not in self.host_fields}
+        raw_batches.check_numeric(device, where)  # every field refused, in one message
+        for key, value in device.items():
             batch[key] = raw_batches.as_on_device(value, key, where)
         rows = raw_batches.count_rows(batch, where)
         if num_valid is not None and num_valid < rows:

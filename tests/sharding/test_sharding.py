@@ -90,6 +90,30 @@ def test_unknown_mesh_axis():
         batch_sharding(Mesh(np.array(jax.devices()), ("batch",)))
 
 
+def test_a_mesh_without_a_data_axis_gets_a_fix_that_works():
+    # The jax-ai-stack tutorial's mesh: its one axis is not called 'data'.
+    mesh = Mesh(np.array(jax.devices()), ("device",))
+    expected = (
+        r"the mesh has axes \('device',\). Pass the batch sharding instead of the mesh "
+        r"\(DeviceFeed\(source, sharding\), fit\(..., mesh=sharding\)\) with sharding = "
+        r"NamedSharding\(mesh, PartitionSpec\('device'\)\), or build the mesh with a 'data' "
+        r"axis: Mesh\(devices, \('data',\)\) or jaxfeed.data_mesh\(\)"
+    )
+    with pytest.raises(ValueError, match=expected):
+        DeviceFeed(_source(), mesh)
+    # What the message says to do, done: both ways read the same batches.
+    sharding = NamedSharding(mesh, PartitionSpec("device"))
+    assert batch_sharding(mesh, data_axis="device") == sharding
+    data = Mesh(np.array(jax.devices()), ("data",))
+    for fixed, axis in ((sharding, "device"), (data, "data")):
+        with DeviceFeed(_source(), fixed) as feed:
+            batch = next(feed)
+        assert batch["image"].sharding == NamedSharding(
+            batch["image"].sharding.mesh, PartitionSpec(axis)
+        )
+        assert len(batch["image"].addressable_shards) == 8
+
+
 def test_model_axis_must_divide_devices():
     with pytest.raises(ValueError, match="model axis size 3 does not divide the 8 devices"):
         data_mesh(model=3)

@@ -309,12 +309,34 @@ def test_positions_older_than_those_kept_are_refused_by_name():
     source = loaders.wrap(rows.shuffle(20, seed=4).batch(5))
     epochs = [list(source.iter_epoch(e)) for e in range(6)]
     with pytest.raises(
-        ValueError, match=r"no longer knows where batch 1 of epoch 1 is: it keeps its last"
+        ValueError, match=r"cannot come back to batch 1 of epoch 1: it is a stream, read forward"
     ):
         source.data_state(1, 1)
     # A recent epoch is kept, and reading it again is exact.
     again = list(source.iter_epoch(4, start=1))
     assert [b["label"].tolist() for b in again] == [b["label"].tolist() for b in epochs[4][1:]]
+
+
+def test_reading_an_old_epoch_again_says_the_stream_moved_on_and_what_reads_it():
+    import tensorflow as tf
+
+    rows = tf.data.Dataset.from_tensor_slices({"label": np.arange(20)})
+    source = loaders.wrap(rows.shuffle(20, seed=4).batch(5))
+    for epoch in range(4):
+        list(source.iter_epoch(epoch))
+    with pytest.raises(ValueError) as refused:
+        source.iter_epoch(0)
+    expected = (
+        r"the wrapped tf.data.Dataset cannot come back to batch 0 of epoch 0: it is a stream, "
+        r"read forward, and it has moved on past that position \(it stands in epoch 3\); it "
+        r"can come back only to the starts of epochs 1, 2, 3 \(its last 3\). An old epoch of "
+        r"a stream cannot be read again. .*wrap a random-access dataset instead \(a TFDS "
+        r"data_source, .*jaxfeed.make\(dataset=\{...\}\); or wrap the stream anew"
+    )
+    refused.match(expected)
+    assert "resume" not in str(refused.value)  # nothing was being resumed
+    # A new wrap of it starts at its epoch 0, as the message says.
+    assert len(list(loaders.wrap(rows.batch(5)).iter_epoch(0))) == 4
 
 
 def test_restore_refuses_another_kinds_state():

@@ -344,6 +344,69 @@ def test_torch_loader_with_two_workers_is_spawned_and_keeps_the_order(arrays):
     assert_same_batches(list(source.iter_epoch(1, start=4)), reference(arrays, 1, 4))
 
 
+def test_a_spawned_loaders_workers_start_once_without_the_scripts_imports(tmp_path, arrays):
+    # In a script of its own: pytest's __main__ is not a training script's.
+    done = subprocess.run(
+        [sys.executable, str(TESTS / "wrap_worker.py"), "spawn", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env={**os.environ, "PYTHONPATH": str(TESTS.parent)},
+    )
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    notes = [json.loads(p.read_text()) for p in tmp_path.glob("worker-*.json")]
+    # Two workers, each started (and initialised) once, alive through 3 epochs.
+    assert len(notes) == 2, notes
+    assert report["pids"] == [sorted(note["pid"] for note in notes)] * 3
+    assert done.stderr.count("jaxfeed: starting 2 torch workers (spawn): ") == 1, done.stderr
+    # The script imported JAX; its workers did not run it again.
+    assert "jax" in report["imported"] and [note["imported"] for note in notes] == [[], []]
+    numpy = loaders.make("numpy", dataset=arrays, batch_size=B, seed=SEED)
+    for epoch in range(3):
+        with np.load(tmp_path / f"epoch-{epoch}.npz") as saved:
+            batches = [{} for _ in range(1 + max(int(n.split("-")[0]) for n in saved.files))]
+            for name in saved.files:
+                index, key = name.split("-", 1)
+                batches[int(index)][key] = saved[name]
+        assert_same_batches(batches, reference(arrays, epoch))
+        assert_same_batches(batches, list(numpy.iter_epoch(epoch)))
+
+
+def test_a_spawned_loader_with_its_own_sampler_keeps_its_workers_and_resumes_exactly(arrays):
+    import multiprocessing
+
+    import torch
+    from torch.utils.data import DataLoader, WeightedRandomSampler
+
+    def wrapped():  # a stream: its own sampler's order, read through torchdata
+        generator = torch.Generator().manual_seed(0)
+        sampler = WeightedRandomSampler(torch.ones(N), N, generator=generator)
+        return loaders.wrap(
+            DataLoader(
+                ArraysDataset(arrays),
+                batch_size=B,
+                sampler=sampler,
+                num_workers=2,
+                multiprocessing_context="spawn",
+            )
+        )
+
+    before = {p.pid for p in multiprocessing.active_children()}
+    source = wrapped()
+    list(source.iter_epoch(0))
+    workers = {p.pid for p in multiprocessing.active_children()} - before
+    batches = source.iter_epoch(1)
+    head = [next(batches)["label"] for _ in range(3)]
+    state = source.data_state(1, 3)
+    rest = [b["label"] for b in batches]
+    assert len(workers) == 2 and len(head) + len(rest) == 7
+    assert {p.pid for p in multiprocessing.active_children()} - before == workers
+    resumed = wrapped()
+    resumed.restore_data_state(state)
+    np.testing.assert_array_equal([b["label"] for b in resumed.iter_epoch(1, start=3)], rest)
+
+
 def _fork_report(*args):
     done = subprocess.run(
         [sys.executable, str(TESTS / "wrap_worker.py"), "fork", *args],

@@ -279,6 +279,46 @@ def test_pad_to_pads_ragged_rows_from_lists_and_hf():
     np.testing.assert_array_equal(batch["tokens"][order], expected)
 
 
+def test_every_field_that_needs_pad_to_is_named_in_one_refusal():
+    # A tokenizer's output without padding: two fields of ragged rows, and a string.
+    ids = [[101, 7, 102], [101, 102], [101, 5, 6, 102], [101, 102]]
+    ragged = {
+        "text": np.array(["a b", "", "c d e", ""]),
+        "input_ids": ids,
+        "attention_mask": [[1] * len(row) for row in ids],
+        "label": np.arange(B),
+    }
+    message = (
+        "batch 0 of epoch 0: fields 'input_ids', 'attention_mask' are object (rows of "
+        "different lengths); pad them to a fixed length with pad_to={'input_ids': N, "
+        "'attention_mask': N}, or carry them as numpy with host_fields=('input_ids', "
+        "'attention_mask')"
+    )
+    with pytest.raises(ValueError, match=re.escape(message)):
+        loaders.wrap([ragged])
+    # Then the string field, whose fix is another; then it reads.
+    pads = {"input_ids": 4, "attention_mask": 4}
+    with pytest.raises(ValueError, match=r"field 'text' is <U5 \(strings\)"):
+        loaders.wrap([ragged], pad_to=pads)
+    batch = next(loaders.wrap([ragged], pad_to=pads, host_fields=("text",)).iter_epoch(0))
+    assert batch["attention_mask"].tolist()[1] == [1, 1, 0, 0]
+    # Lengths that vary from batch to batch (a collate that pads to the batch's longest).
+    varying = [
+        {key: np.ones((B, n), np.int32) for key in ("input_ids", "attention_mask")} for n in (5, 7)
+    ]
+    message = (
+        "batch 1 of epoch 0: 'attention_mask' is int32 (4, 7), but batch 0 of epoch 0 had "
+        "int32 (4, 5); 'input_ids' is int32 (4, 7), but batch 0 of epoch 0 had int32 (4, 5); "
+        "every batch needs the same keys, shapes and dtypes (pad 'attention_mask', "
+        "'input_ids' to a fixed length with pad_to={'attention_mask': N, 'input_ids': N}, "
+        "or make them agree with transform=)"
+    )
+    with pytest.raises(ValueError, match=re.escape(message)):
+        list(loaders.wrap(varying).iter_epoch(0))
+    padded = loaders.wrap(varying, pad_to={"input_ids": 8, "attention_mask": 8})
+    assert [b["input_ids"].shape for b in padded.iter_epoch(0)] == [(B, 8)] * 2
+
+
 def test_tf_padded_batch_without_shapes_is_refused_then_fixed_with_pad_to():
     import tensorflow as tf
 
