@@ -12,7 +12,8 @@ Three packages, dependencies pointing one way (``jaxfeed`` -> ``sharding`` ->
 ``loaders``): `jaxfeed.loaders` (every loader behind one `BatchSource`
 protocol; never touches a device), `jaxfeed.sharding` (placement and the
 prefetching `DeviceFeed`), and this package's training loop (`fit`,
-checkpoints). The MNIST example model lives in `jaxfeed.mnist`.
+checkpoints). The MNIST example model lives in `jaxfeed.mnist`; `jaxfeed.nnx`
+runs Flax NNX steps in `fit` (and imports Flax only when a step is traced).
 
 Names are imported on first use, so ``import jaxfeed.loaders`` stays free of
 JAX and of every loader framework.
@@ -38,7 +39,7 @@ _LIBRARY = {
     "evaluate_metrics": "jaxfeed.loop",
     "fit": "jaxfeed.loop",
 }
-_SUBPACKAGES = ("loaders", "sharding", "mnist")
+_SUBPACKAGES = ("loaders", "sharding", "mnist", "nnx")
 
 if TYPE_CHECKING:  # what type checkers see; at run time __getattr__ imports on first use
     from jaxfeed.checkpoint import (  # noqa: F401

@@ -131,9 +131,19 @@ def check_settings(saved: Mapping[str, Any], current: Mapping[str, Any], where: 
         )
 
 
+def _raw(leaf: Any) -> Any:
+    """A typed PRNG key array (``jax.random.key``, NNX's ``Rngs``) as its uint32
+    key data, which numpy can hold; any other leaf as it is. Orbax saves and
+    restores key arrays themselves."""
+    if isinstance(leaf, jax.Array) and jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key):
+        return jax.random.key_data(leaf)
+    return leaf
+
+
 def _host(leaf: Any) -> np.ndarray:
     """A leaf's values on the host: one copy of a replicated array (each
     process of a job holds it whole)."""
+    leaf = _raw(leaf)
     if isinstance(leaf, jax.Array) and leaf.is_fully_replicated:
         leaf = leaf.addressable_data(0)
     return np.asarray(leaf, order="C")  # (np.ascontiguousarray makes a scalar 1-d)
@@ -198,8 +208,8 @@ def _abstract_leaf(x: jax.Array) -> jax.ShapeDtypeStruct:
 def _check_structure(saved: Mapping[str, Any], target: Any, where: str) -> None:
     """Refuses a checkpoint whose arrays are not this run's (another model or optimizer)."""
     mine = {
-        jax.tree_util.keystr(path): f"{np.dtype(leaf.dtype).name}{list(np.shape(leaf))}"
-        for path, leaf in jax.tree_util.tree_leaves_with_path(target)
+        jax.tree_util.keystr(path): f"{np.dtype(raw.dtype).name}{list(np.shape(raw))}"
+        for path, raw in jax.tree_util.tree_leaves_with_path(jax.tree.map(_raw, target))
     }
     theirs = {path: f"{np.dtype(f['dtype']).name}{f['shape']}" for path, f in saved.items()}
     if mine != theirs:

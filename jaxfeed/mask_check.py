@@ -45,7 +45,10 @@ def padding_changes_sums(step: Step, state: Any, batch: Mapping[str, jax.Array])
             return jnp.where(real, values, values[first])
 
         other = {k: v if k == MASK_KEY else refill(v) for k, v in batch.items()}
-        return step(state, batch)[1], step(state, other)[1]
+        # Each call gets its own copy: a step that updates its state in place (Flax
+        # NNX objects passed as the state) would show the second call the first's update.
+        copy = jax.tree.map(lambda leaf: leaf, state)
+        return step(copy, batch)[1], step(state, other)[1]
 
     if _all_real(batch[MASK_KEY]):
         return []

@@ -155,6 +155,30 @@ def test_a_checkpoint_of_another_model_is_refused(tmp_path):
         )
 
 
+def test_a_state_holding_prng_keys_resumes_exactly(tmp_path):
+    # Typed keys (jax.random.key; Flax NNX's Rngs hold them): numpy cannot hold one, so
+    # its checksum is of its key data. Orbax saves and restores the keys themselves.
+    def step(state, batch):
+        key, noise = jax.random.split(state["key"])
+        trained, sums = _step({"w": state["w"]}, batch)
+        w = trained["w"] + 1e-3 * jax.random.normal(noise, trained["w"].shape)
+        return {"w": w, "key": key}, sums
+
+    def run(directory, epochs, **kwargs):
+        state = {"w": jnp.zeros((FEATURES, CLASSES), jnp.float32), "key": jax.random.key(0)}
+        return fit(step, state, ResumableStream(), epochs=epochs, mesh=jax.devices()[:1],
+                   checkpoint=directory, progress=False, **kwargs)  # fmt: skip
+
+    whole = run(tmp_path / "whole", 2)
+    run(tmp_path / "parts", 1)
+    resumed = run(tmp_path / "parts", 2, resume=True)
+    assert jax.random.key_data(resumed.state["key"]).tolist() == (
+        jax.random.key_data(whole.state["key"]).tolist()
+    )
+    np.testing.assert_array_equal(np.asarray(resumed.state["w"]), np.asarray(whole.state["w"]))
+    assert latest(tmp_path / "parts")["arrays"]["['state']['key']"]["dtype"] == "<u4"
+
+
 @pytest.mark.parametrize(("name", "value"), [("every", 0), ("keep", 0), ("every", 1.5)])
 def test_checkpointing_takes_positive_integers(name, value):
     with pytest.raises(ValueError, match=f"Checkpointing.{name} must be an integer >= 1"):

@@ -69,7 +69,8 @@ def test_public_names():
     assert sorted(jaxfeed.mnist.__all__) == sorted(
         ["LAYER_SIZES", "TrainConfig", "evaluate", "init_params", "predict", "train"]
     )
-    for module in (loaders, sharding, jaxfeed, jaxfeed.mnist):
+    assert sorted(jaxfeed.nnx.__all__) == ["eval_step", "metric_sums", "step"]
+    for module in (loaders, sharding, jaxfeed, jaxfeed.mnist, jaxfeed.nnx):
         for name in module.__all__:
             assert hasattr(module, name), name
 
@@ -94,6 +95,8 @@ def test_one_object_per_public_name():
             "jax",
         ),
         ("jaxfeed, jaxfeed.cli; jaxfeed.fit; jaxfeed.DeviceFeed", "matplotlib"),
+        # jaxfeed.nnx imports Flax when a step is traced, not before.
+        ("jaxfeed; jaxfeed.nnx.step(print); jaxfeed.nnx.metric_sums", "flax"),
     ],
 )
 def test_importing_the_packages_imports_no_framework(imports, forbidden):
