@@ -38,6 +38,7 @@ _LIBRARY = {
     "batch_mask": "jaxfeed.loop",
     "evaluate_metrics": "jaxfeed.loop",
     "fit": "jaxfeed.loop",
+    "keras_data": "jaxfeed.keras_bridge",
 }
 _SUBPACKAGES = ("loaders", "sharding", "mnist", "nnx")
 
@@ -48,6 +49,7 @@ if TYPE_CHECKING:  # what type checkers see; at run time __getattr__ imports on 
         TopologyChangedWarning,
     )
     from jaxfeed.interrupts import Preempted  # noqa: F401
+    from jaxfeed.keras_bridge import keras_data  # noqa: F401
     from jaxfeed.loaders import *  # noqa: F403
     from jaxfeed.loop import (  # noqa: F401
         FitResult,

@@ -34,6 +34,7 @@ from jaxfeed.cli_args import (
     seed,
     set_devices,
     subcommand,
+    worker_counts,
 )
 from jaxfeed.cli_train import add_train, run_train
 from jaxfeed.interrupts import PREEMPTED_STATUS, Preempted
@@ -66,7 +67,23 @@ def _add_compare(commands: argparse._SubParsersAction) -> None:
         "wait, time to first batch and peak memory for every backend, beside the in-memory "
         "ceiling and each framework's tutorial loop, in one process; and each tutorial's "
         "loader object through loaders.wrap, trained by jaxfeed and by Keras 3 model.fit "
-        "(JAX backend), each training in a fresh process.",
+        "(JAX backend), each training in a fresh process. --workload decode: the same for "
+        "PNG decoding and augmentation, per worker count, beside each framework's own "
+        "pipeline (docs/compare.md).",
+    )
+    compare.add_argument(
+        "--workload",
+        choices=("copy", "decode"),
+        default="copy",
+        help="copy: decoded digits (what the flags above describe); decode: digits-png, "
+        "decoded and augmented per record in each backend's workers",
+    )
+    compare.add_argument(
+        "--workers",
+        type=worker_counts,
+        default=None,
+        metavar="K,K,...",
+        help="--workload decode: the worker counts to measure (default 0,1,2)",
     )
     compare.add_argument(
         "--loaders",
@@ -94,7 +111,8 @@ def _add_compare(commands: argparse._SubParsersAction) -> None:
     compare.add_argument(
         "--no-baselines",
         action="store_true",
-        help="skip the in-memory ceiling and the tutorial loops (and so the wrap and Keras rows)",
+        help="skip the in-memory ceiling and the tutorial loops (and so the wrap and Keras rows); "
+        "decode: skip each framework's own pipeline",
     )
     compare.add_argument(
         "--no-wrap",
@@ -129,6 +147,10 @@ def _run_compare(args: argparse.Namespace, command: list[str]) -> int:
     names = args.loaders if args.loaders is not None else tuple(usable)
     for name in names:
         registry.get(name)  # unknown or not installed: a clear error, before any work
+    if args.workload == "decode":
+        return _run_decode(args, command, tuple(dict.fromkeys(names)))
+    if args.workers is not None:
+        raise ValueError("--workers is for --workload decode; the copy workload has no workers")
     config = CompareConfig(
         backends=tuple(dict.fromkeys(names)),
         dataset=args.dataset,
@@ -150,6 +172,38 @@ def _run_compare(args: argparse.Namespace, command: list[str]) -> int:
         args.json.write_text(json.dumps(result, indent=2, default=str) + "\n")
     if args.plot is not None:
         write_plot(result, args.plot)
+    return 0
+
+
+def _run_decode(args: argparse.Namespace, command: list[str], names: tuple[str, ...]) -> int:
+    import jax
+
+    from jaxfeed.compare import decode
+    from jaxfeed.compare.decode_report import format_report
+    from jaxfeed.sharding import data_mesh
+
+    if args.plot is not None or args.dataset != "mnist-sample":
+        raise ValueError(
+            f"--workload decode reads {decode.DATASET!r} and prints a table; drop "
+            "--dataset and --plot (use --data-dir for the real digits, --json for every figure)"
+        )
+    config = decode.DecodeConfig(
+        backends=names,
+        workers=args.workers or (0, 1, 2),
+        data_dir=args.data_dir,
+        batch_size=args.batch_size,
+        seed=args.seed,
+        repeats=args.repeats,
+        warmup=args.warmup,
+        train_epochs=args.train_epochs,
+        max_batches=args.max_batches,
+        idioms=not args.no_baselines,
+    )
+    mesh = data_mesh(pick_devices(jax.devices(), args.devices))
+    result = decode.run(config, mesh, command)
+    print(format_report(result))
+    if args.json is not None:
+        args.json.write_text(json.dumps(result, indent=2, default=str) + "\n")
     return 0
 
 

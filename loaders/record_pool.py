@@ -20,9 +20,12 @@ import numpy as np
 from jaxfeed.loaders import shared_batches
 from jaxfeed.loaders.data.on_disk import for_pickle, from_pickle
 from jaxfeed.loaders.transform import RecordTransform
-from jaxfeed.loaders.workers import SPAWN
+from jaxfeed.loaders.workers import SPAWN, SPAWN_WITHOUT_MAIN, from_main, raise_if_dead
 
 __all__ = ["ArrayRows", "RecordPool"]
+
+# How often a reader waiting for a batch checks that the workers still run.
+_POLL_SECONDS = 0.1
 
 RowReader = Callable[[np.ndarray], Mapping[str, Any]]
 """Index array -> each field's values of those rows (picklable into workers)."""
@@ -65,8 +68,10 @@ class RecordPool:
     for every epoch after, each reading and transforming whole batches.
 
     Batches come back in order, with ``2 * num_workers`` in flight. A worker
-    that dies is a ``BrokenProcessPool`` error at the next batch; one that
-    raises passes its error (a `TransformError` naming the row) through.
+    that dies (also while it starts) is an error within a fraction of a
+    second; one that raises passes its error (a `TransformError` naming the
+    row) through. The workers skip the main script (its JAX imports) unless
+    the transform comes from it.
     """
 
     def __init__(self, read: RowReader, transform: RecordTransform, num_workers: int):
@@ -81,7 +86,7 @@ class RecordPool:
             directory = shared_batches.make_directory()
             self._pool = concurrent.futures.ProcessPoolExecutor(
                 self.num_workers,
-                mp_context=SPAWN,
+                mp_context=SPAWN if from_main(*self._work) else SPAWN_WITHOUT_MAIN,
                 initializer=_start,
                 initargs=(*self._work, directory),
             )
@@ -92,13 +97,24 @@ class RecordPool:
             for indices in index_batches:
                 pending.append(self._pool.submit(_batch, indices, epoch))
                 if len(pending) >= 2 * self.num_workers:
-                    yield shared_batches.collect(*pending.popleft().result())
+                    yield shared_batches.collect(*self._result(pending.popleft()))
             while pending:
-                yield shared_batches.collect(*pending.popleft().result())
+                yield shared_batches.collect(*self._result(pending.popleft()))
         finally:
             for future in pending:  # closed early: drop what no one will read
                 if not future.cancel() and not future.exception():
                     os.unlink(future.result()[0])
+
+    def _result(self, future: concurrent.futures.Future) -> Any:
+        """The future's result, watching the workers meanwhile: one that died
+        while it started leaves the executor waiting for good (Python 3.11)."""
+        while True:
+            try:
+                return future.result(timeout=_POLL_SECONDS)
+            except concurrent.futures.TimeoutError:
+                # No public accessor: the executor keeps its processes in ``_processes``.
+                workers = list(getattr(self._pool, "_processes", {}).values())
+                raise_if_dead(workers, "transform worker", "smaller batches")
 
     def close(self) -> None:
         """Stops the workers; the next batch starts new ones."""

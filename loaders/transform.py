@@ -11,6 +11,7 @@ byte-identical batches on every backend, and a new one every epoch.
 
 from __future__ import annotations
 
+import os
 import pickle
 import sys
 from collections.abc import Callable, Mapping, Sequence
@@ -169,8 +170,10 @@ def _interactive(fn: object) -> bool:
     """Whether ``fn`` is defined in a ``__main__`` with no file (a notebook's
     cells, ``python -c``): spawned processes re-import ``__main__`` from its
     file, so they could not find it."""
-    main = sys.modules.get("__main__")
-    return getattr(fn, "__module__", None) == "__main__" and not getattr(main, "__file__", None)
+    main_file = getattr(sys.modules.get("__main__"), "__file__", None)  # "<stdin>" for python -
+    return getattr(fn, "__module__", None) == "__main__" and not (
+        main_file and os.path.isfile(main_file)
+    )
 
 
 def _stack(values: list[np.ndarray], dtype: np.dtype, key: str) -> np.ndarray:

@@ -27,13 +27,16 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import io
 import multiprocessing
 import os
+import pickle
 import signal
 import sys
 import threading
 import time
-from collections.abc import Generator, Iterator
+import types
+from collections.abc import Generator, Iterable, Iterator
 from multiprocessing import spawn, util
 from multiprocessing.context import SpawnContext, SpawnProcess
 from typing import Any, TypeVar
@@ -240,3 +243,60 @@ def reported_start(
                     flush=True,
                 )
             yield batch
+
+
+def raise_if_dead(processes: Iterable[multiprocessing.Process], what: str, lighter: str) -> None:
+    """Raises if one of ``processes`` (``what``: "DataLoader worker") has died;
+    exit code 0 is its owner stopping it. ``lighter`` names a second way to
+    use less memory, for a SIGKILL.
+
+    Raises:
+      RuntimeError: naming the process, how it ended and what to try.
+    """
+    for process in processes:
+        code = process.exitcode  # a waitpid(WNOHANG), which also reaps a dead one
+        if not code:
+            continue
+        hint = "see the worker's output above"
+        if code > 0:
+            how = f"exited with code {code}"
+        elif code == -signal.SIGKILL:
+            how = "was killed by signal SIGKILL"
+            hint = (
+                "SIGKILL often means the system ran out of memory (see `dmesg`): "
+                f"try fewer num_workers or {lighter}"
+            )
+        else:
+            try:
+                how = f"was killed by signal {signal.Signals(-code).name}"
+            except ValueError:
+                how = f"was killed by signal {-code}"
+        raise RuntimeError(
+            f"{what} (pid {process.pid}) {how} while batches were being read, "
+            f"so this epoch cannot complete; {hint}"
+        )
+
+
+def from_main(*objects: object) -> bool:
+    """Whether pickling ``objects`` needs the main script: a class or function
+    in them is defined in ``__main__`` (then workers must start with `SPAWN`,
+    which runs the script again, not `SPAWN_WITHOUT_MAIN`). Arrays' bytes are
+    skipped, so the probe costs nothing like a real pickle."""
+    import numpy as np
+
+    found = False
+
+    class _Probe(pickle.Pickler):
+        def persistent_id(self, obj: Any) -> Any:
+            nonlocal found
+            if isinstance(obj, np.ndarray) and not obj.dtype.hasobject:
+                return 0  # arrays always pickle: skip their bytes
+            if isinstance(obj, type | types.FunctionType) and obj.__module__ == "__main__":
+                found = True
+            return None
+
+    try:
+        _Probe(io.BytesIO()).dump(objects)
+    except Exception:
+        return True  # cannot tell: keep the main script
+    return found

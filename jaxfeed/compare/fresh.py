@@ -30,7 +30,7 @@ import numpy as np
 import jaxfeed
 from jaxfeed.loaders.protocol import MASK_KEY
 
-SIDES = ("jaxfeed", "keras")
+SIDES = ("jaxfeed", "keras", "keras-jaxfeed")  # keras-jaxfeed: fit on keras_data(wrap(obj))
 # The tutorial loop whose object each framework's wrap and Keras rows reuse.
 BARE = {
     "torch": "torch-dataloader",
@@ -157,12 +157,28 @@ def _jaxfeed(loop: Any, test: Any, what: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _keras_source(loop: Any, what: dict[str, Any], rows: int) -> Any:
+    """``loaders.wrap(loop.obj)`` for `jaxfeed.keras_data`, as a Keras user would call it."""
+    from jaxfeed import loaders
+    from jaxfeed.compare.rows import Limited
+    from jaxfeed.loaders.protocol import SkipsDataState
+
+    size = what["batch_size"]
+    options = {"batch_size": size} if what["framework"] == "hf" else {}
+    source = loaders.wrap(loop.obj, **options)
+    if source.num_batches is None:  # a Grain IterDataset: keras_data asks for its length
+        source = loaders.wrap(loop.obj, steps_per_epoch=-(-rows // size), **options)
+    if isinstance(source, SkipsDataState):  # as keras_data reads it; Limited would hide it
+        source = source.without_data_state()
+    return Limited(source, what["max_batches"])
+
+
 def _run(what: dict[str, Any]) -> dict[str, Any]:
     from jaxfeed import loaders
     from jaxfeed.compare import baselines, keras_fit
     from jaxfeed.compare.rows import Limited
 
-    if what["side"] == "keras":
+    if what["side"] != "jaxfeed":
         keras_fit.import_keras()  # before a framework imports tensorflow
     common = dict(dataset=what["dataset"], data_dir=what["data_dir"])
     data = loaders.load_dataset(what["dataset"], "train", data_dir=what["data_dir"])
@@ -178,7 +194,11 @@ def _run(what: dict[str, Any]) -> dict[str, Any]:
     if what["side"] == "jaxfeed":
         figures = _jaxfeed(loops[0], test, what)
     else:
-        figures = keras_fit.measure(loops[0], size, seed, _test_arrays(test), what["epochs"], limit)
+        bridge = what["side"] == "keras-jaxfeed"  # fit(keras_data(wrap(obj))), not fit(obj)
+        source = _keras_source(loops[0], what, len(data)) if bridge else None
+        figures = keras_fit.measure(
+            loops[0], size, seed, _test_arrays(test), what["epochs"], limit, source
+        )
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
     return figures | {"process_peak_rss_mb": rss / (1 << 20 if sys.platform == "darwin" else 1024)}
 

@@ -1,4 +1,5 @@
-"""Keras 3 ``fit`` on the JAX backend: the same MLP, the same user loader object.
+"""Keras 3 ``fit`` on the JAX backend: the same MLP, the same user loader object,
+handed to Keras as it is or through ``jaxfeed.keras_data(wrap(obj))``.
 
 Runs only in a fresh process (`jaxfeed.compare.fresh`): Keras picks its
 backend once, at import, and ``import tensorflow`` imports Keras on the
@@ -22,6 +23,8 @@ import numpy as np
 
 from jaxfeed.compare.baselines import Baseline
 from jaxfeed.compare.rows import steady, trained_epochs
+from jaxfeed.keras_bridge import jax_keras, keras_data
+from jaxfeed.loaders.protocol import BatchSource
 from jaxfeed.mnist.model import LAYER_SIZES
 from jaxfeed.mnist.train import TrainConfig
 
@@ -29,14 +32,7 @@ from jaxfeed.mnist.train import TrainConfig
 def import_keras() -> Any:
     """Keras on the JAX backend, or an error that says why not."""
     os.environ.setdefault("KERAS_BACKEND", "jax")  # before keras (or tensorflow) imports it
-    import keras
-
-    if keras.backend.backend() != "jax":
-        raise RuntimeError(
-            f"Keras runs on the {keras.backend.backend()!r} backend here, not 'jax': it was "
-            f"imported before KERAS_BACKEND=jax was set (importing tensorflow imports it)"
-        )
-    return keras
+    return jax_keras()
 
 
 def _pair(batch: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
@@ -77,8 +73,12 @@ def _hf_batches(keras: Any, dataset: Any, batch_size: int) -> Any:
     return HFBatches()
 
 
-def build_model(keras: Any, seed: int, config: TrainConfig = TrainConfig()) -> Any:
-    """The compiled MLP of `jaxfeed.mnist.model`, in Keras."""
+def build_model(
+    keras: Any, seed: int, config: TrainConfig = TrainConfig(), **compile_options: Any
+) -> Any:
+    """The compiled MLP of `jaxfeed.mnist.model`, in Keras; ``compile_options``
+    replace or add to ``model.compile``'s (SGD with momentum, cross-entropy
+    on logits, accuracy)."""
     layers = keras.layers
     inputs = keras.Input(shape=(28, 28, 1), dtype="uint8")
     x = layers.Flatten()(layers.Rescaling(1 / 255)(inputs))
@@ -90,11 +90,12 @@ def build_model(keras: Any, seed: int, config: TrainConfig = TrainConfig()) -> A
         activation = "relu" if i < len(hidden) else None
         x = layers.Dense(units, activation=activation, kernel_initializer=init)(x)
     model = keras.Model(inputs, x)
-    model.compile(
+    options = dict(
         optimizer=keras.optimizers.SGD(config.learning_rate, momentum=config.momentum),
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         metrics=["sparse_categorical_accuracy"],
     )
+    model.compile(**(options | compile_options))
     return model
 
 
@@ -117,15 +118,23 @@ def measure(
     test: tuple[np.ndarray, np.ndarray],
     epochs: int,
     max_batches: int | None,
+    source: BatchSource | None = None,
 ) -> dict[str, Any]:
     """A fresh model, one ``fit`` call, every epoch timed.
+
+    ``source``: fit on ``jaxfeed.keras_data(source)`` (the loop's object
+    wrapped) instead of on the object itself.
 
     Returns ``epoch_s`` and ``epoch_cpu_s`` (medians over `rows.steady`'s
     epochs), ``test_accuracy``, the per-epoch ``history`` and ``model``
     (`describe`).
     """
     keras = import_keras()
-    data, how = fit_input(keras, loop, batch_size)
+    if source is None:
+        data, how = fit_input(keras, loop, batch_size)
+    else:
+        data = keras_data(source, x="image", y="label")
+        how = 'fit(jaxfeed.keras_data(wrap(the same object), x="image", y="label"))'
     keras.utils.set_random_seed(seed)
     model = build_model(keras, seed)
     timer = _epoch_timer(keras)

@@ -152,6 +152,19 @@ def _wrap_ratios(wrapped: dict, rows: dict, check: Callable) -> dict[str, dict]:
                 "model.fit(obj) with the same MLP and optimiser: on this loader, moving "
                 "from Keras to jaxfeed would slow training down",
             )
+        bridge = wrapped.get(f"keras-fit-jaxfeed-{row['framework']}", {}).get("median", {})
+        if "epoch_s" in bridge and "epoch_s" in keras:
+            figures["keras_data_epoch_s"] = bridge["epoch_s"]
+            figures["keras_data_vs_keras_epoch"] = bridge["epoch_s"] / keras["epoch_s"]
+            check(
+                "Keras fit on keras_data(wrap(obj)) <= Keras fit(obj)",
+                f"keras-fit-jaxfeed-{row['framework']}",
+                figures["keras_data_vs_keras_epoch"],
+                1.0,
+                at_most=True,
+                meaning="Keras trains slower per epoch on jaxfeed.keras_data(wrap(obj)) than on "
+                "the object itself: for a Keras user, the bridge costs time on this loader",
+            )
         out[name] = figures
     return out
 
@@ -201,7 +214,7 @@ def _wrap_table(wrap: dict[str, dict], epochs: str) -> str:
         "jaxfeed.mnist.train on wrap(obj) vs Keras 3 model.fit(obj) (same MLP and optimiser, one "
         f"device each, each run in a fresh process; epoch: {epochs}). cpu: the ratio of "
         "process CPU seconds per epoch (all threads), which other work on the machine "
-        "sways less than wall time",
+        "sways less than wall time. keras_data: Keras 3 model.fit(jaxfeed.keras_data(wrap(obj)))",
         [
             ("wrap row", lambda n, r: n),
             ("bare row", lambda n, r: r["bare"]),
@@ -212,6 +225,8 @@ def _wrap_table(wrap: dict[str, dict], epochs: str) -> str:
             ("keras fit epoch s", fig("keras_epoch_s", ".3f")),
             ("jaxfeed / keras", fig("jaxfeed_vs_keras_epoch", ".2f")),
             ("cpu: jaxfeed / keras", fig("jaxfeed_vs_keras_cpu", ".2f")),
+            ("keras_data epoch s", fig("keras_data_epoch_s", ".3f")),
+            ("keras_data / keras", fig("keras_data_vs_keras_epoch", ".2f")),
         ],
         wrap,
     )

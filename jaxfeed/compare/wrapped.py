@@ -1,11 +1,12 @@
 """Rows for a user's own loader: through `loaders.wrap`, and under Keras ``fit``.
 
 For each framework the user object is the one its tutorial loop iterates
-(`jaxfeed.compare.baselines`), so three rows see the same object: the
+(`jaxfeed.compare.baselines`), so four rows see the same object: the
 tutorial row (bare), ``wrap-<framework>`` (``loaders.wrap(obj)``: loader
-alone and through `DeviceFeed` in this process, then ``jaxfeed.mnist.train``) and
-``keras-fit-<framework>`` (Keras 3 ``model.fit(obj)`` on the JAX backend).
-Both trainings run in fresh processes under the same conditions
+alone and through `DeviceFeed` in this process, then ``jaxfeed.mnist.train``),
+``keras-fit-<framework>`` (Keras 3 ``model.fit(obj)`` on the JAX backend) and
+``keras-fit-jaxfeed-<framework>`` (``model.fit(jaxfeed.keras_data(wrap(obj)))``).
+The trainings run in fresh processes under the same conditions
 (`jaxfeed.compare.fresh`), so Keras is always on JAX.
 """
 
@@ -38,7 +39,7 @@ def rows(
     track: Callable,
     **settings: Any,
 ) -> list[Row]:
-    """Wrap rows (each followed by its Keras row with ``keras``) for the loops in `fresh.BARE`.
+    """Wrap rows (each followed by its two Keras rows with ``keras``) for the loops in `fresh.BARE`.
 
     Args:
       track: ``track(figures)``, a context manager recording peak memory.
@@ -75,6 +76,19 @@ def rows(
                     None,
                     None,
                     fit=_fit("keras", loop.framework, settings),
+                    bare=loop.name,
+                )
+            )
+            out.append(
+                Row(
+                    f"keras-fit-jaxfeed-{loop.framework}",
+                    "keras",
+                    loop.framework,
+                    f"Keras 3 model.fit(jaxfeed.keras_data(wrap(the {loop.name} row's object))) "
+                    "(JAX backend, one device, in a fresh process)",
+                    None,
+                    None,
+                    fit=_fit("keras-jaxfeed", loop.framework, settings),
                     bare=loop.name,
                 )
             )

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import multiprocessing
 import queue
-import signal
 import threading
 import weakref
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -32,14 +31,17 @@ from jaxfeed.loaders.data.on_disk import for_pickle, from_pickle
 from jaxfeed.loaders.read_ahead import END, pump
 from jaxfeed.loaders.sampler import Sampler
 from jaxfeed.loaders.transform import RecordTransform
-from jaxfeed.loaders.workers import SPAWN, reported_start
+from jaxfeed.loaders.workers import (
+    SPAWN,
+    SPAWN_WITHOUT_MAIN,
+    from_main,
+    raise_if_dead,
+    reported_start,
+)
 from torch.utils import data as torch_data
 
 OPTIONS = ("order", "num_workers", "prefetch_factor", "persistent_workers")
 
-# Workers must not fork a process that runs JAX/XLA threads (deadlock), and
-# leave the terminal's Ctrl-C to the main process (see `loaders.workers`).
-_WORKER_CONTEXT = SPAWN
 # How often a reader waiting for a batch checks that the workers still run.
 _POLL_SECONDS = 0.1
 
@@ -236,7 +238,12 @@ class TorchSource(SampledSource):
         options: dict[str, Any] = {"num_workers": num_workers, "collate_fn": _keep_batch}
         if num_workers > 0:
             options.update(
-                multiprocessing_context=_WORKER_CONTEXT,
+                # Spawned: a fork of a process running JAX/XLA threads can deadlock; the
+                # workers leave Ctrl-C to this process (`loaders.workers`) and skip the
+                # main script (its JAX imports) unless the transform comes from it.
+                multiprocessing_context=(
+                    SPAWN if from_main(self.torch_dataset) else SPAWN_WITHOUT_MAIN
+                ),
                 prefetch_factor=prefetch_factor,
                 persistent_workers=persistent_workers,
             )
@@ -310,7 +317,7 @@ def iterate(loader: torch_data.DataLoader) -> Iterator[Any]:
             try:
                 batch, error = results.get(timeout=_POLL_SECONDS)
             except queue.Empty:
-                _check_workers(workers)
+                raise_if_dead(workers, "DataLoader worker", "a smaller prefetch_factor")
                 continue
             if error is not None:
                 raise error
@@ -336,32 +343,6 @@ def _worker_processes(batches: Iterator[Any]) -> list[multiprocessing.Process]:
     them in ``_workers``. An iterator without it yields [] (not watched).
     """
     return list(getattr(batches, "_workers", ()))
-
-
-def _check_workers(workers: Sequence[multiprocessing.Process]) -> None:
-    """Raises if a worker has died; exit code 0 is torch stopping it."""
-    for worker in workers:
-        code = worker.exitcode  # a waitpid(WNOHANG), which also reaps a dead one
-        if not code:
-            continue
-        hint = "see the worker's output above"
-        if code > 0:
-            how = f"exited with code {code}"
-        elif code == -signal.SIGKILL:
-            how = "was killed by signal SIGKILL"
-            hint = (
-                "SIGKILL often means the system ran out of memory (see `dmesg`): "
-                "try fewer num_workers or a smaller prefetch_factor"
-            )
-        else:
-            try:
-                how = f"was killed by signal {signal.Signals(-code).name}"
-            except ValueError:
-                how = f"was killed by signal {-code}"
-        raise RuntimeError(
-            f"DataLoader worker (pid {worker.pid}) {how} while batches were being read, "
-            f"so this epoch cannot complete; {hint}"
-        )
 
 
 def build(dataset: ArrayDataset, sampler: Sampler, **options: Any) -> TorchSource:

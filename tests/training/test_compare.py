@@ -140,9 +140,10 @@ def test_wrap_and_keras_rows(compare):
     assert sorted(frameworks) == sorted(WRAPPED)  # every framework is installed for the tests
     wrapped = result["wrapped"]
     names = list(wrapped)
-    assert sorted(names[::2]) == sorted(f"wrap-{f}" for f in frameworks)
-    # Each Keras row right after its wrap row, so their runs interleave.
-    assert names[1::2] == [n.replace("wrap-", "keras-fit-") for n in names[::2]]
+    assert sorted(names[::3]) == sorted(f"wrap-{f}" for f in frameworks)
+    # Each wrap row's two Keras rows right after it, so their runs interleave.
+    assert names[1::3] == [n.replace("wrap-", "keras-fit-") for n in names[::3]]
+    assert names[2::3] == [n.replace("wrap-", "keras-fit-jaxfeed-") for n in names[::3]]
     for framework in frameworks:
         row = wrapped[f"wrap-{framework}"]
         assert row["kind"] == "wrap" and row["bare"] == WRAPPED[framework]
@@ -176,11 +177,26 @@ def test_wrap_and_keras_rows(compare):
         assert figures["jaxfeed_vs_keras_cpu"] == pytest.approx(
             row["median"]["epoch_cpu_s"] / fit["median"]["epoch_cpu_s"]
         )
+        bridge = wrapped[f"keras-fit-jaxfeed-{framework}"]
+        assert bridge["kind"] == "keras" and bridge["bare"] == WRAPPED[framework]
+        assert "jaxfeed.keras_data(wrap(the same object)" in bridge["runs"][0]["how"]
+        assert [h["epoch"] for h in bridge["runs"][0]["history"]] == [1]
+        assert (
+            _positive(bridge["median"]["epoch_s"]) and 0 <= bridge["median"]["test_accuracy"] <= 1
+        )
+        assert figures["keras_data_vs_keras_epoch"] == pytest.approx(
+            bridge["median"]["epoch_s"] / fit["median"]["epoch_s"]
+        )
     targets = {(t["row"], t["target"]) for t in result["targets"]}
     for framework in frameworks:
         assert (f"wrap-{framework}", "wrap adds <= 5% over the bare loop") in targets
         on_keras = (f"wrap-{framework}", "jaxfeed epoch on a wrapped loader <= Keras fit epoch")
         assert on_keras in targets
+        bridged = (
+            f"keras-fit-jaxfeed-{framework}",
+            "Keras fit on keras_data(wrap(obj)) <= Keras fit(obj)",
+        )
+        assert bridged in targets
 
 
 def test_keras_runs_on_jax_with_jaxfeeds_mlp(compare):
@@ -214,7 +230,7 @@ def test_no_wrap_and_no_keras_skip_their_rows(flag, rows, tmp_path):
 @pytest.mark.parametrize(
     ("side", "framework", "match"),
     [
-        ("pytorch", "torch", r"side must be one of \('jaxfeed', 'keras'\), got 'pytorch'"),
+        ("pytorch", "torch", r"side must be one of \('jaxfeed', 'keras', 'keras-jaxfeed'\), got"),
         ("keras", "numpy", r"no user loader for framework 'numpy'; choose one of"),
     ],
 )

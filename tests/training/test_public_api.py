@@ -59,6 +59,7 @@ LIBRARY = [
     "batch_mask",
     "evaluate_metrics",
     "fit",
+    "keras_data",
 ]
 
 
@@ -97,6 +98,8 @@ def test_one_object_per_public_name():
         ("jaxfeed, jaxfeed.cli; jaxfeed.fit; jaxfeed.DeviceFeed", "matplotlib"),
         # jaxfeed.nnx imports Flax when a step is traced, not before.
         ("jaxfeed; jaxfeed.nnx.step(print); jaxfeed.nnx.metric_sums", "flax"),
+        # keras_data imports Keras when it is called, not before.
+        ("jaxfeed; jaxfeed.keras_data", "keras"),
     ],
 )
 def test_importing_the_packages_imports_no_framework(imports, forbidden):

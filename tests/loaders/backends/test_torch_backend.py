@@ -9,6 +9,7 @@ import signal
 import numpy as np
 import pytest
 from jaxfeed.loaders.backends import torch as torch_backend
+from jaxfeed.loaders.workers import raise_if_dead
 
 from jaxfeed import loaders
 
@@ -161,4 +162,4 @@ def test_a_dead_worker_is_named_with_how_it_ended(target, args, how):
     worker.start()
     worker.join()
     with pytest.raises(RuntimeError, match=re.escape(f"worker (pid {worker.pid}) {how} while")):
-        torch_backend._check_workers([worker])
+        raise_if_dead([worker], "DataLoader worker", "a smaller prefetch_factor")

@@ -1,0 +1,143 @@
+"""Reads a decode-workload result: ratios, targets and the plain-text table.
+
+Works on the JSON-able dict `jaxfeed.compare.decode.run` returns, so a saved
+``--json`` file can be re-rendered without measuring.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+WITHIN = 1.1  # a jaxfeed backend's throughput at most this much below its idiom's
+SPEEDUP = 1.7  # 2 workers over 1, for backends whose workers are processes
+PROCESS_BASED = ("numpy", "torch", "grain", "hf")  # tf's are threads of one process
+
+
+def _throughput(rows: list[dict]) -> dict[tuple, float]:
+    return {
+        (r["backend"], r["pipeline"], r["workers"]): r["median"]["samples_per_s"]
+        for r in rows
+        if "samples_per_s" in r["median"]
+    }
+
+
+def ratios_and_targets(rows: list[dict]) -> tuple[dict, list[dict]]:
+    """``vs_idiom`` (jaxfeed's samples/s over its idiom's at the same worker
+    count, by backend then workers) and ``speedup_2_vs_1`` (samples/s with 2
+    workers over 1, by backend then pipeline), and the targets checked on them
+    (one dict each: ``target``, ``row``, ``value``, ``limit``, ``met``)."""
+    speed = _throughput(rows)
+    ratios: dict[str, dict] = {"vs_idiom": {}, "speedup_2_vs_1": {}}
+    targets: list[dict] = []
+    for (backend, pipeline, workers), value in speed.items():
+        if pipeline != "jaxfeed":
+            continue
+        idiom = next(
+            (s for (b, p, w), s in speed.items() if (b, w) == (backend, workers) and p != pipeline),
+            None,
+        )
+        if idiom is not None:
+            ratio = value / idiom
+            ratios["vs_idiom"].setdefault(backend, {})[str(workers)] = ratio
+            targets.append(
+                dict(
+                    target=f"within {WITHIN}x of its framework's idiom at the same workers",
+                    row=f"{backend} jaxfeed workers={workers}",
+                    value=ratio,
+                    limit=1 / WITHIN,
+                    met=ratio >= 1 / WITHIN,
+                )
+            )
+    for (backend, pipeline, workers), value in speed.items():
+        one = speed.get((backend, pipeline, 1))
+        if workers != 2 or one is None:
+            continue
+        ratio = value / one
+        ratios["speedup_2_vs_1"].setdefault(backend, {})[pipeline] = ratio
+        if pipeline == "jaxfeed" and backend in PROCESS_BASED:
+            targets.append(
+                dict(
+                    target=f"process workers: >= {SPEEDUP}x faster with 2 workers than 1",
+                    row=f"{backend} jaxfeed",
+                    value=ratio,
+                    limit=SPEEDUP,
+                    met=ratio >= SPEEDUP,
+                )
+            )
+    return ratios, targets
+
+
+_COLUMNS = (
+    ("backend", 8),
+    ("pipeline", 18),
+    ("workers", 7),
+    ("samples/s", 9),
+    ("cores", 5),
+    ("first s", 7),
+    ("peak MB", 7),
+    ("+MB", 6),
+    ("wait", 6),
+    ("vs idiom", 8),
+    ("2w/1w", 5),
+)
+
+
+def _cells(row: dict, ratios: dict) -> list[str]:
+    m = row["median"]
+
+    def num(key: str, fmt: str) -> str:
+        return format(m[key], fmt) if key in m else "-"
+
+    vs = ratios["vs_idiom"].get(row["backend"], {}).get(str(row["workers"]))
+    two = ratios["speedup_2_vs_1"].get(row["backend"], {}).get(row["pipeline"])
+    return [
+        row["backend"],
+        row["pipeline"],
+        str(row["workers"]),
+        num("samples_per_s", ",.0f"),
+        num("cores_busy", ".2f"),
+        num("first_batch_s", ".2f"),
+        num("peak_mb", ",.0f"),
+        num("peak_added_mb", ",.0f"),
+        num("data_wait_fraction", ".1%"),
+        "-" if vs is None or row["kind"] != "jaxfeed" else f"{vs:.2f}x",
+        "-" if two is None or row["workers"] != 2 else f"{two:.2f}x",
+    ]
+
+
+def format_report(result: dict[str, Any]) -> str:
+    """The result as a plain-text table, then the targets, met or missed."""
+    config, data = result["config"], result["dataset"]
+    repeats = len(result["rows"][0]["runs"]) if result["rows"] else 0
+    lines = [
+        f"decode workload: {data['name']}, {data['train_examples']:,} images stored as "
+        f"{data['stored']}; {data['transform']} -> float32 "
+        f"{'x'.join(map(str, data['output']['image']))}",
+        f"batch {config['batch_size']}, {result['timed_batches']} timed batches after "
+        f"{result['lead_in_batches']} untimed, median of {repeats} repeat(s), "
+        f"{result['machine']['usable_cpus']} usable CPUs; training: {result['model']}",
+        "",
+    ]
+    table = [[name for name, _ in _COLUMNS]]
+    table += [_cells(row, result["ratios"]) for row in result["rows"]]
+    for cells in table:
+        padded = [
+            c.ljust(w) if i < 2 else c.rjust(w)
+            for i, (c, (_, w)) in enumerate(zip(cells, _COLUMNS, strict=True))
+        ]
+        lines.append("  ".join(padded).rstrip())
+    lines += [
+        "",
+        "cores: CPU seconds of this process and its workers per wall second; peak MB: "
+        "this process's peak plus its workers' (+MB: over this process's memory when the "
+        "row began); wait: training's data-wait fraction; vs idiom: jaxfeed's samples/s "
+        "over its framework's own pipeline's at the same workers; 2w/1w: 2 workers over 1",
+    ]
+    if result["targets"]:
+        lines.append("")
+        lines.append("targets:")
+    for t in result["targets"]:
+        verdict = "met   " if t["met"] else "MISSED"
+        lines.append(f"  {verdict} {t['row']}: {t['value']:.2f} (limit {t['limit']:.2f}) "
+                     f"{t['target']}")  # fmt: skip
+    return "\n".join(lines)
