@@ -54,8 +54,13 @@ class RecordTransform:
         self.spec: dict[str, tuple[tuple[int, ...], np.dtype]] = {}
         first = self._call({key: array[0] for key, array in dataset.arrays.items()}, 0, 0)
         for key, value in first.items():
+            if key == MASK_KEY or not isinstance(key, str):
+                raise TransformError(
+                    f"the transform returned a field named {key!r}; {MASK_KEY!r} is "
+                    "reserved for the row mask and names must be str"
+                )
+            value = _numbers(value, key, 0, 0)
             where = f"the transform's field {key!r} (row 0)"
-            value = np.asarray(value)
             self.spec[key] = (value.shape, as_device_dtype(value[None], where).dtype)
 
     def rng(self, epoch: int, row: int) -> np.random.Generator:
@@ -66,12 +71,18 @@ class RecordTransform:
         self, rows: Mapping[str, Sequence[Any]], indices: Sequence[int], epoch: int
     ) -> dict[str, np.ndarray]:
         """``fn`` on each of ``rows`` (the gathered values of rows ``indices``),
-        stacked into one batch of the spec's shapes and dtypes."""
+        stacked into one batch of the spec's shapes and dtypes; each record
+        checked against the spec (same fields, shapes, numbers)."""
         outputs: dict[str, list[np.ndarray]] = {key: [] for key in self.spec}
         for j, row in enumerate(np.asarray(indices).tolist()):
             record = self._call({key: column[j] for key, column in rows.items()}, epoch, row)
+            if record.keys() != self.spec.keys():
+                raise TransformError(
+                    f"the transform returned fields {sorted(record)} for row {row} (epoch "
+                    f"{epoch}), but {sorted(self.spec)} for row 0; return the same fields always"
+                )
             for key, (shape, _) in self.spec.items():
-                value = np.asarray(record[key])
+                value = _numbers(record[key], key, row, epoch)
                 if value.shape != shape:
                     raise TransformError(
                         f"the transform returned field {key!r} of shape {value.shape} for "
@@ -82,8 +93,7 @@ class RecordTransform:
         return {key: _stack(outputs[key], dtype, key) for key, (_, dtype) in self.spec.items()}
 
     def _call(self, record: dict[str, Any], epoch: int, row: int) -> Mapping[str, Any]:
-        """``fn`` on one record, its result checked: a dict of numbers, with
-        the spec's fields once the spec is known."""
+        """``fn`` on one record; a failure, or anything but a dict, named by row."""
         try:
             result = self.fn(record, self.rng(epoch, row))
         except Exception as err:
@@ -95,24 +105,6 @@ class RecordTransform:
                 f"the transform returned {type(result).__name__} for row {row}; it must "
                 "return a dict of field name -> numbers, e.g. {'image': ..., 'label': ...}"
             )
-        if self.spec and result.keys() != self.spec.keys():
-            raise TransformError(
-                f"the transform returned fields {sorted(result)} for row {row} (epoch "
-                f"{epoch}), but {sorted(self.spec)} for row 0; return the same fields always"
-            )
-        for key, value in result.items():
-            if key == MASK_KEY or not isinstance(key, str):
-                raise TransformError(
-                    f"the transform returned a field named {key!r} (row {row}); "
-                    f"{MASK_KEY!r} is reserved for the row mask and names must be str"
-                )
-            kind = np.asarray(value).dtype.kind
-            if kind not in NUMERIC_KINDS:
-                raise TransformError(
-                    f"the transform returned field {key!r} of kind {kind!r} for row {row} "
-                    f"(epoch {epoch}); only numbers and bools can reach a device: decode "
-                    "bytes and strings into arrays inside the transform"
-                )
         return result
 
     def check_picklable(self, runner: str, by_value: bool = False) -> None:
@@ -174,6 +166,18 @@ def _interactive(fn: object) -> bool:
     return getattr(fn, "__module__", None) == "__main__" and not (
         main_file and os.path.isfile(main_file)
     )
+
+
+def _numbers(value: Any, key: str, row: int, epoch: int) -> np.ndarray:
+    """One returned value as an array of numbers, or a `TransformError`."""
+    value = np.asarray(value)
+    if value.dtype.kind not in NUMERIC_KINDS:
+        raise TransformError(
+            f"the transform returned field {key!r} of kind {value.dtype.kind!r} for row {row} "
+            f"(epoch {epoch}); only numbers and bools can reach a device: decode bytes and "
+            "strings into arrays inside the transform"
+        )
+    return value
 
 
 def _stack(values: list[np.ndarray], dtype: np.dtype, key: str) -> np.ndarray:
