@@ -3,9 +3,12 @@ record of which code a figure was measured on."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -41,3 +44,26 @@ def write_record(script: str, args: object, results: list, **about: object) -> P
     out.write_text(json.dumps(record, indent=2) + "\n")
     print(f"wrote {out}")
     return out
+
+
+def run_compare(command: list[str], stem: Path, script: str) -> int:
+    """Runs ``jaxfeed COMMAND`` (which writes ``<stem>.json``), prints its
+    table and saves it as ``<stem>.txt``, and adds the code measured to the
+    JSON; the exit status."""
+    from jaxfeed.cli import main as jaxfeed
+
+    state = git_state()  # before the run: what was imported
+    started = time.perf_counter()
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        code = jaxfeed(command)
+    table = printed.getvalue()
+    print(table, end="")
+    if code != 0:
+        return code
+    Path(f"{stem}.txt").write_text(table)
+    result = json.loads(Path(f"{stem}.json").read_text())
+    result["git"] = state
+    Path(f"{stem}.json").write_text(json.dumps(result, indent=2) + "\n")
+    print(f"\nbenchmarks/{script} took {time.perf_counter() - started:.0f} s; wrote {stem}.*")
+    return code

@@ -11,15 +11,11 @@ tables) under ``benchmarks/``. ``mnist-10k`` is the real test set split 8,000 tr
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
-import json
 import os
 import sys
-import time
 from pathlib import Path
 
-from common import RESULTS, SHARED_MNIST, git_state  # also puts the repo on sys.path
+from common import RESULTS, SHARED_MNIST, run_compare  # also puts the repo on sys.path
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -39,8 +35,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tag", default="", help="suffix for the result file names")
     args = parser.parse_args(argv)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-
-    from jaxfeed.cli import main as jaxfeed
 
     stem = args.out_dir / f"compare-{args.dataset}{'-' + args.tag if args.tag else ''}"
     command = [
@@ -64,22 +58,7 @@ def main(argv: list[str] | None = None) -> int:
         command += ["--loaders", args.loaders]
     if args.devices:
         command += ["--devices", str(args.devices)]
-    state = git_state()  # before the run: what was imported
-    started = time.perf_counter()
-    printed = io.StringIO()
-    with contextlib.redirect_stdout(printed):
-        code = jaxfeed(command)
-    table = printed.getvalue()
-    print(table, end="")
-    Path(f"{stem}.txt").write_text(table)
-    result = json.loads(Path(f"{stem}.json").read_text())
-    result["git"] = state
-    Path(f"{stem}.json").write_text(json.dumps(result, indent=2) + "\n")
-    print(
-        f"\nbenchmarks/compare.py took {time.perf_counter() - started:.0f} s; wrote "
-        f"{stem}.json, .png, .txt"
-    )
-    return code
+    return run_compare(command, stem, "compare.py")
 
 
 if __name__ == "__main__":

@@ -12,15 +12,11 @@ on ``digits-png`` built from ``mnist-10k`` (8,000 train digits, PNG-encoded
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
-import json
 import os
 import sys
-import time
 from pathlib import Path
 
-from common import RESULTS, SHARED_MNIST, git_state  # also puts the repo on sys.path
+from common import RESULTS, SHARED_MNIST, run_compare  # also puts the repo on sys.path
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -39,8 +35,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tag", default="", help="suffix for the result file names")
     args = parser.parse_args(argv)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-
-    from jaxfeed.cli import main as jaxfeed
 
     stem = args.out_dir / f"decode-digits-png{'-' + args.tag if args.tag else ''}"
     command = [
@@ -62,24 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     ]
     if args.loaders:
         command += ["--loaders", args.loaders]
-    state = git_state()  # before the run: what was imported
-    started = time.perf_counter()
-    printed = io.StringIO()
-    with contextlib.redirect_stdout(printed):
-        code = jaxfeed(command)
-    table = printed.getvalue()
-    print(table, end="")
-    if code != 0:
-        return code
-    Path(f"{stem}.txt").write_text(table)
-    result = json.loads(Path(f"{stem}.json").read_text())
-    result["git"] = state
-    Path(f"{stem}.json").write_text(json.dumps(result, indent=2) + "\n")
-    print(
-        f"\nbenchmarks/decode.py took {time.perf_counter() - started:.0f} s; wrote "
-        f"{stem}.json, .txt"
-    )
-    return code
+    return run_compare(command, stem, "decode.py")
 
 
 if __name__ == "__main__":
