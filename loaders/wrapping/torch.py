@@ -14,11 +14,14 @@ the dataset yields the same batches for the same epoch.
 Workers are spawned, not forked, under JAX: forking a process that runs
 JAX's threads can deadlock (the threads are copied mid-work). `wrap`
 switches a loader whose workers would fork to spawn when spawning works,
-and otherwise warns once, naming the fix. Spawned workers are persistent:
-they start once (seconds: each imports torch and the dataset's modules) and
-serve every epoch. Read in the sampler's order, they also skip running the
+and otherwise warns once, naming the fix. Read in the sampler's order,
+spawned workers are persistent: they start once (seconds: each imports torch
+and the dataset's modules) and serve every epoch; and they skip running the
 main script again when nothing they unpickle comes from it (its imports,
-JAX among them, would cost each worker seconds more).
+JAX among them, would cost each worker seconds more). A loader that keeps
+its own order (torchdata's ``StatefulDataLoader``) keeps its own
+``persistent_workers``: forced on there, a worker was seen to abort at
+shutdown (1 run in 7).
 """
 
 from __future__ import annotations
@@ -113,7 +116,7 @@ def _loader_access(loader: Any, context: Any, seed: int) -> RandomAccess:
     return RandomAccess(
         _length(loader.dataset, "DataLoader's dataset"),
         type(loader.sampler).__name__ == "RandomSampler",
-        _torch_reader(loader.dataset, rebuilt_options(loader, context), seed),
+        _torch_reader(loader.dataset, rebuilt_options(loader, context, persistent=True), seed),
         batch_size=loader.batch_size,
         drop_remainder=loader.drop_last,
     )
@@ -140,12 +143,12 @@ def loader_options(loader: Any) -> dict[str, Any]:
     return {name: getattr(loader, name) for name in names if hasattr(loader, name)}
 
 
-def rebuilt_options(loader: Any, context: Any) -> dict[str, Any]:
-    """`loader_options`, the workers started with ``context``; spawned (or
-    forkserver) workers persistent, whatever the loader said: their start
-    costs seconds, which every epoch would pay again."""
+def rebuilt_options(loader: Any, context: Any, persistent: bool = False) -> dict[str, Any]:
+    """`loader_options`, the workers started with ``context``; with
+    ``persistent``, spawned (or forkserver) workers persistent, whatever the
+    loader said: their start costs seconds, which every epoch would pay again."""
     options = {**loader_options(loader), "multiprocessing_context": context}
-    if loader.num_workers and start_method(context) != "fork":
+    if persistent and loader.num_workers and start_method(context) != "fork":
         options["persistent_workers"] = True
     return options
 

@@ -373,9 +373,7 @@ def test_a_spawned_loaders_workers_start_once_without_the_scripts_imports(tmp_pa
         assert_same_batches(batches, list(numpy.iter_epoch(epoch)))
 
 
-def test_a_spawned_loader_with_its_own_sampler_keeps_its_workers_and_resumes_exactly(arrays):
-    import multiprocessing
-
+def test_a_spawned_loader_with_its_own_sampler_resumes_exactly(arrays):
     import torch
     from torch.utils.data import DataLoader, WeightedRandomSampler
 
@@ -392,16 +390,13 @@ def test_a_spawned_loader_with_its_own_sampler_keeps_its_workers_and_resumes_exa
             )
         )
 
-    before = {p.pid for p in multiprocessing.active_children()}
     source = wrapped()
     list(source.iter_epoch(0))
-    workers = {p.pid for p in multiprocessing.active_children()} - before
     batches = source.iter_epoch(1)
     head = [next(batches)["label"] for _ in range(3)]
     state = source.data_state(1, 3)
     rest = [b["label"] for b in batches]
-    assert len(workers) == 2 and len(head) + len(rest) == 7
-    assert {p.pid for p in multiprocessing.active_children()} - before == workers
+    assert len(head) + len(rest) == 7
     resumed = wrapped()
     resumed.restore_data_state(state)
     np.testing.assert_array_equal([b["label"] for b in resumed.iter_epoch(1, start=3)], rest)
