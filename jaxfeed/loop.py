@@ -253,8 +253,12 @@ class _Loop:
                 if save_due:
                     self.save(state, totals)
                 batch = device_part(batch, feed.host_fields)
-                if self.mask_step is not None and warn_if_padding_counts(
-                    self.mask_step, state, batch
+                # Only a source's last batch may be padded: looking costs a device sync.
+                last = feed.num_batches is None or self.next_batch + 1 == feed.num_batches
+                if (
+                    self.mask_step is not None
+                    and last
+                    and warn_if_padding_counts(self.mask_step, state, batch)
                 ):
                     self.mask_step = None  # checked on the first padded batch
                 state, totals = run(state, totals, batch)
@@ -284,29 +288,20 @@ class _Loop:
         return state, totals
 
     def running(self, totals: Sums) -> dict:
-        """This window's means so far, and its speed (a device sync)."""
+        """This window's means so far, its seconds and speed (a device sync)."""
         sums = to_host(totals)
-        seconds = time.perf_counter() - self.window_started
+        seconds = max(time.perf_counter() - self.window_started, 1e-9)
         return {
-            **means(sums),
-            "samples_per_second": (sums["count"] - self.counted) / max(seconds, 1e-9),
-            "data_wait_fraction": self.wait / max(seconds, 1e-9),
-        }
-
-    def record(self, totals: Sums) -> dict:
-        """This window's record (see `next_window`)."""
-        self.check_finite(totals)
-        sums = to_host(totals)
-        seconds = time.perf_counter() - self.window_started
-        record = {
-            "epoch": self.epoch + 1,
-            "step": self.step,
             **means(sums),
             "seconds": seconds,
             "samples_per_second": (sums["count"] - self.counted) / seconds,
             "data_wait_fraction": self.wait / seconds,
         }
-        return record
+
+    def record(self, totals: Sums) -> dict:
+        """This window's record (see `next_window`)."""
+        self.check_finite(totals)
+        return {"epoch": self.epoch + 1, "step": self.step, **self.running(totals)}
 
     def next_window(self) -> None:
         """The next record's steps start now (after this one's evaluation and save)."""
