@@ -199,23 +199,17 @@ def _shuffle(args: argparse.Namespace) -> bool | str:
 
 
 def _lost_peer(err: Exception) -> str | None:
-    """What to say when ``err`` means another process of the job is gone, else None."""
+    """What to say when ``err`` means another process of the job is gone, else None
+    ("" when the pause watch has said it)."""
     import jax
 
-    from jaxfeed.sharding.distributed import longest_pause_s, peer_timeout
+    from jaxfeed.sharding.distributed import paused_too_long
 
     lost = isinstance(err, TimeoutError) or (
         isinstance(err, jax.errors.JaxRuntimeError) and "gloo" in str(err).lower()
     )
-    paused, timeout = longest_pause_s(), peer_timeout()
-    if lost and paused >= timeout:  # the others gave up on this one: it is to blame
-        return (
-            f"process {jax.process_index()} itself was paused for {paused:.0f} s (stopped "
-            f"with SIGSTOP or Ctrl-Z, its machine suspended, or starved of CPU), longer than "
-            f"the peer timeout of {timeout:g} s, so the other processes gave up on it and "
-            f"the job stopped. Restart every process (with --resume to continue from the "
-            f"last checkpoint)"
-        )
+    if lost and paused_too_long():  # the others gave up on this one, as it said
+        return ""
     if isinstance(err, TimeoutError):  # from check_agreement: it names the process
         return str(err)
     if lost:
@@ -387,7 +381,8 @@ def run_train(args: argparse.Namespace) -> int:
         # A peer is gone: the job cannot shut down together, so leave now.
         if args.debug:
             traceback.print_exc()
-        print(f"jaxfeed: error: {message}", file=sys.stderr)
+        if message:
+            print(f"jaxfeed: error: {message}", file=sys.stderr)
         exit_now(2)
     if args.save_params is not None:
         _save_params(params, args.save_params)

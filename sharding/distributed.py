@@ -258,18 +258,33 @@ def initialize(
 def _watch_pauses() -> None:
     """Records the longest stretch this process did not run: stopped (SIGSTOP,
     Ctrl-Z), its VM suspended, or starved of CPU. The monotonic clock runs on
-    meanwhile, so a thread that wakes every tick sees the gap."""
+    meanwhile, so a thread that wakes every tick sees the gap.
+
+    A pause past the peer timeout is reported the moment the process runs again:
+    the others have given up on it, and JAX may abort this process (its
+    coordination service reports "stopped sending heartbeats") before any Python
+    error could say which process is to blame."""
     global _longest_pause_s
     last = time.monotonic()
     while True:
         time.sleep(_PAUSE_TICK_S)
         now = time.monotonic()
-        _longest_pause_s = max(_longest_pause_s, now - last - _PAUSE_TICK_S)
+        pause = now - last - _PAUSE_TICK_S
+        if pause >= peer_timeout() > _longest_pause_s:
+            sys.stderr.write(
+                f"jaxfeed: error: process {jax.process_index()} itself was paused for "
+                f"{pause:.0f} s (stopped with SIGSTOP or Ctrl-Z, its machine suspended, or "
+                f"starved of CPU), longer than the peer timeout of {peer_timeout():g} s, so "
+                f"the other processes gave up on it and the job stopped. Restart every "
+                f"process (resuming from the last checkpoint)\n"
+            )
+            sys.stderr.flush()
+        _longest_pause_s = max(_longest_pause_s, pause)
         last = now
 
 
-def longest_pause_s() -> float:
-    """The longest time this process of a joined job was paused, in seconds. The
-    other processes hear no heartbeat from a paused one, and after the peer
-    timeout they give up on it: then this process, not its peers, is to blame."""
-    return _longest_pause_s
+def paused_too_long() -> bool:
+    """Whether this process of a joined job was once paused for longer than the
+    peer timeout (and said so on stderr). The other processes hear no heartbeat
+    from a paused one and give up on it: then this process is to blame."""
+    return _longest_pause_s >= peer_timeout()

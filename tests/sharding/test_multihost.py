@@ -318,13 +318,15 @@ def test_a_second_job_on_a_running_jobs_coordinator_is_refused_unharmed(tmp_path
 @pytest.mark.slow
 def test_a_paused_process_blames_itself(tmp_path):
     # The others stop hearing from a stopped process; when it runs again, its
-    # own message must not blame them.
+    # own message must not blame them. It says so the moment it runs: JAX's
+    # coordination client may abort it (SIGABRT) before a Python error is raised.
     with _training_job(tmp_path, "--peer-timeout", "4") as (_, children, logs):
         children[1].send_signal(signal.SIGSTOP)
         time.sleep(12)
         children[1].send_signal(signal.SIGCONT)
         (status0, output0), (status1, output1) = _finish(children, logs)
-    assert status1 == 2, output1
+    assert status1 in (2, -signal.SIGABRT), output1
+    assert output1.count("jaxfeed: error:") == 1, output1
     assert re.search(
         r"jaxfeed: error: process 1 itself was paused for 1\d s \(stopped with SIGSTOP or "
         r"Ctrl-Z, .*longer than the peer timeout of 4 s",
