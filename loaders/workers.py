@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import io
 import multiprocessing
 import os
 import pickle
@@ -277,26 +276,45 @@ def raise_if_dead(processes: Iterable[multiprocessing.Process], what: str, light
         )
 
 
-def from_main(*objects: object) -> bool:
-    """Whether pickling ``objects`` needs the main script: a class or function
-    in them is defined in ``__main__`` (then workers must start with `SPAWN`,
-    which runs the script again, not `SPAWN_WITHOUT_MAIN`). Arrays' bytes are
-    skipped, so the probe costs nothing like a real pickle."""
+def main_script_names(obj: object) -> list[str]:
+    """The classes and functions defined in the main script (``__main__``) that
+    pickling ``obj`` needs: workers started with `SPAWN_WITHOUT_MAIN` could not
+    load them. Arrays' and tensors' bytes are skipped, so the probe costs
+    nothing like a real pickle.
+
+    Raises:
+      Whatever pickling ``obj`` raises: it cannot reach a spawned worker.
+    """
     import numpy as np
 
-    found = False
+    names: list[str] = []
 
     class _Probe(pickle.Pickler):
-        def persistent_id(self, obj: Any) -> Any:
-            nonlocal found
-            if isinstance(obj, np.ndarray) and not obj.dtype.hasobject:
+        def persistent_id(self, value: Any) -> Any:
+            kind = type(value)
+            if isinstance(value, np.ndarray) and not value.dtype.hasobject:
                 return 0  # arrays always pickle: skip their bytes
-            if isinstance(obj, type | types.FunctionType) and obj.__module__ == "__main__":
-                found = True
+            if kind.__name__ == "Tensor" and kind.__module__.startswith("torch"):
+                return 0
+            if isinstance(value, type | types.FunctionType) and value.__module__ == "__main__":
+                names.append(value.__qualname__)
             return None
 
+    _Probe(_Discard(), protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
+    return names
+
+
+def from_main(*objects: object) -> bool:
+    """Whether pickling ``objects`` needs the main script (then workers must
+    start with `SPAWN`, which runs the script again, not `SPAWN_WITHOUT_MAIN`)."""
     try:
-        _Probe(io.BytesIO()).dump(objects)
+        return bool(main_script_names(objects))
     except Exception:
         return True  # cannot tell: keep the main script
-    return found
+
+
+class _Discard:
+    """A file that forgets what is written to it."""
+
+    def write(self, data: bytes) -> int:
+        return len(data)

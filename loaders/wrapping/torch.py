@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import ast
 import base64
-import pickle
 import sys
 import time
 import types
@@ -38,7 +37,13 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
-from jaxfeed.loaders.workers import SPAWN, SPAWN_WITHOUT_MAIN, reported_start, start_method
+from jaxfeed.loaders.workers import (
+    SPAWN,
+    SPAWN_WITHOUT_MAIN,
+    main_script_names,
+    reported_start,
+    start_method,
+)
 from jaxfeed.loaders.wrapping.epochs import Epochs, WrapSettings
 from jaxfeed.loaders.wrapping.random_access import (
     RandomAccess,
@@ -507,24 +512,9 @@ def _pickled(parts: Mapping[str, Any]) -> tuple[str | None, list[tuple[str, str]
     """Why ``parts`` do not pickle (or None), and the ``(part, name)`` of
     each class or function defined in the main script that they use."""
     from_main: list[tuple[str, str]] = []
-
-    class Probe(pickle.Pickler):
-        def __init__(self, part: str):
-            super().__init__(_Discard(), protocol=pickle.HIGHEST_PROTOCOL)
-            self.part = part
-
-        def persistent_id(self, obj: Any) -> Any:
-            if isinstance(obj, np.ndarray) and not obj.dtype.hasobject:
-                return 0  # arrays always pickle: skip their bytes
-            if type(obj).__module__.startswith("torch") and type(obj).__name__ == "Tensor":
-                return 0
-            if isinstance(obj, type | types.FunctionType) and obj.__module__ == "__main__":
-                from_main.append((self.part, obj.__qualname__))
-            return None
-
     for part, value in parts.items():
         try:
-            Probe(part).dump(value)
+            from_main += [(part, name) for name in main_script_names(value)]
         except Exception as error:  # whatever fails, it does not pickle
             return f"its {part} does not pickle ({type(error).__name__}: {error})", from_main
     return None, from_main
@@ -544,11 +534,6 @@ def _main_problem(from_main: list[tuple[str, str]]) -> str | None:
     if main_file is not None and not _called_under_main_guard(main, main_file):
         return f"{main_file} calls wrap() outside `if __name__ == '__main__':` (spawn re-runs it)"
     return None
-
-
-class _Discard:
-    def write(self, data: bytes) -> int:
-        return len(data)
 
 
 def _called_under_main_guard(main: types.ModuleType, main_file: str) -> bool:
