@@ -454,12 +454,21 @@ def test_sigterm_to_a_run_with_workers_resumes_bit_identical_and_leaves_no_proce
     assert seconds < 20, f"took {seconds:.1f} s to stop"  # torch's next-epoch workers: ~4 s
     stopped = re.search(r"preempted \(SIGTERM\): stopped at .* \(step (\d+)\); checkpoint", output)
     assert stopped, output
-    assert "leaked" not in output, output  # no semaphore or shared memory left to clean up
+    assert _left_behind(output) == 0, output  # no semaphore or shared memory left
     _assert_group_gone(child.pid)
 
     resumed_from, params = _resume(directory, *args)
     assert resumed_from == int(stopped[1])
     _assert_bit_identical(params, reference(*args), stopped[0])
+
+
+def _left_behind(output: str) -> int:
+    """How many semaphores or shared memory blocks multiprocessing's resource
+    tracker still found at shutdown: those it calls leaked, less those already
+    gone when it tried to remove them ("[Errno 2]": their owner removed them,
+    and the tracker missed the owner's word; seen once in about 40 runs)."""
+    reported = sum(int(n) for n in re.findall(r"There appear to be (\d+) leaked", output))
+    return reported - len(re.findall(r"resource_tracker: '[^']+': \[Errno 2\]", output))
 
 
 def _start_own_group(args: list[str], log: Path) -> subprocess.Popen:
