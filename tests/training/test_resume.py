@@ -466,7 +466,7 @@ def _left_behind(output: str) -> int:
     """How many semaphores or shared memory blocks multiprocessing's resource
     tracker still found at shutdown: those it calls leaked, less those already
     gone when it tried to remove them ("[Errno 2]": their owner removed them,
-    and the tracker missed the owner's word; seen once in about 40 runs)."""
+    and the tracker missed the owner's word; seen once in about 20 runs)."""
     reported = sum(int(n) for n in re.findall(r"There appear to be (\d+) leaked", output))
     return reported - len(re.findall(r"resource_tracker: '[^']+': \[Errno 2\]", output))
 
