@@ -269,12 +269,12 @@ def _watch_pauses() -> None:
     while True:
         time.sleep(_PAUSE_TICK_S)
         now = time.monotonic()
-        pause = now - last - _PAUSE_TICK_S
-        if pause >= peer_timeout() > _longest_pause_s:
+        pause, timeout = now - last - _PAUSE_TICK_S, peer_timeout()
+        if pause >= timeout > _longest_pause_s:  # the first such pause
             sys.stderr.write(
                 f"jaxfeed: error: process {jax.process_index()} itself was paused for "
                 f"{pause:.0f} s (stopped with SIGSTOP or Ctrl-Z, its machine suspended, or "
-                f"starved of CPU), longer than the peer timeout of {peer_timeout():g} s, so "
+                f"starved of CPU), longer than the peer timeout of {timeout:g} s, so "
                 f"the other processes gave up on it and the job stopped. Restart every "
                 f"process (resuming from the last checkpoint)\n"
             )
