@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import mmap
 import types
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -49,7 +50,8 @@ class ArrayDataset(Mapping[str, np.ndarray]):
       ValueError: no fields; a field named ``"mask"``; a field that is not
         numbers or bytes (strings, other objects); a scalar field; fields with different row
         counts; no rows; a 64-bit integer that does not fit in 32 bits
-        without x64. Each message names the field.
+        without x64; a file-mapped field in the other byte order (an in-memory
+        one is served in this machine's order). Each message names the field.
 
     Example:
       >>> ds = ArrayDataset("toy/train", {"x": np.zeros((10, 3), np.float32),
@@ -140,10 +142,41 @@ def _field(dataset: str, key: object, value: object) -> np.ndarray | BytesField:
         )
     if array.ndim == 0:
         raise ValueError(f"{where} is a scalar; every field needs one row per example on axis 0")
+    if not array.dtype.isnative:
+        array = _native_byte_order(array, where)
     array = as_device_dtype(array, where)
     view = np.ascontiguousarray(array).view()
     view.flags.writeable = False
     return view
+
+
+def _native_byte_order(array: np.ndarray, where: str) -> np.ndarray:
+    """A field stored in the other byte order (a ``.npy`` written big-endian) in
+    this machine's order. One rule at the boundary: the hf and tf stores keep a
+    field's raw bytes under its native dtype, so a swapped field would otherwise
+    reach them as other numbers (``1.0`` as ``4.6e-41``).
+
+    Raises:
+      ValueError: the field is mapped from a file, which is read in place (a
+        native copy could be bigger than memory); the message gives the fix.
+    """
+    native = array.dtype.newbyteorder("=")
+    if (path := _mapped_file(array)) is not None:
+        raise ValueError(
+            f"{where} is stored as {array.dtype.str}, the other byte order than this "
+            f"machine's, in {path}, which is read in place; rewrite that file once in native "
+            f"order: np.save(path, np.load(path).astype({native.str!r}))"
+        )
+    return array.astype(native)
+
+
+def _mapped_file(array: np.ndarray) -> str | None:
+    """The file ``array`` (or what it views) maps, or None when it is in memory."""
+    while isinstance(array, np.ndarray):
+        if isinstance(array, np.memmap):
+            return str(array.filename)
+        array = array.base
+    return "a memory-mapped file" if isinstance(array, mmap.mmap) else None
 
 
 def _is_bytes_rows(value: object) -> bool:

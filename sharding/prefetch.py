@@ -29,7 +29,12 @@ from jax.sharding import NamedSharding, PartitionSpec
 from jaxfeed.loaders.protocol import BatchSource, host_fields
 from jaxfeed.loaders.read_ahead import END, POLL_SECONDS, pump
 from jaxfeed.sharding.mesh import batch_sharding
-from jaxfeed.sharding.placement import check_batch_size, check_process, place_batch
+from jaxfeed.sharding.placement import (
+    check_batch_size,
+    check_process,
+    naming_the_field,
+    place_batch,
+)
 
 _OPEN_FEEDS: weakref.WeakSet = weakref.WeakSet()
 _EXIT_HOOK: list[bool] = []
@@ -246,7 +251,8 @@ class DeviceFeed:
             host = [{k: b[k] for k in fields} for b in group]
             group = [{k: v for k, v in b.items() if k not in fields} for b in group]
         if jax.process_count() == 1:  # one device_put for the group
-            placed = jax.device_put(group, self._transfer_sharding)
+            with naming_the_field(group):
+                placed = jax.device_put(group, self._transfer_sharding)
         else:
             placed = [place_batch(b, self._transfer_sharding) for b in group]
         if fields:
