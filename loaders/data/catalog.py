@@ -53,7 +53,9 @@ def load_dataset(
 
     Raises:
       ValueError: unknown name or split, or malformed data (the message names
-        the file or field).
+        the file or field); `MissingSplitError` (a ValueError) for a split a
+        ``.npy`` directory does not hold (one without split subdirectories
+        is the train split only).
       TypeError: not a name, path, `ArrayDataset` or dict of arrays.
       FileNotFoundError: a needed IDX file is missing from the directory.
       MnistUnavailableError: never for ``"mnist"`` (it falls back); may come
@@ -80,7 +82,7 @@ def load_dataset(
     if name in _NAMED:
         return _NAMED[name](split, data_dir)
     directory = Path(name.removeprefix("idx:")).expanduser()
-    arrays = None if name.startswith("idx:") else npy_directory(directory, split)
+    arrays = None if name.startswith("idx:") else npy_directory(directory, split, SPLITS)
     if arrays is not None:
         return ArrayDataset(f"{arrays.resolve().name}/{split}", load_npy_directory(arrays))
     if name.startswith("idx:") or directory.is_dir():

@@ -29,6 +29,7 @@ __all__ = [
     "from_pickle",
     "identity",
     "libc_function",
+    "MissingSplitError",
     "load_npy_directory",
     "npy_directory",
 ]
@@ -160,14 +161,41 @@ def identity(array: np.ndarray) -> bytes | None:
     return digest.digest()
 
 
-def npy_directory(directory: Path, split: str) -> Path | None:
-    """The directory of ``split``'s ``.npy`` files under ``directory``: its
-    ``split`` subdirectory when that holds some, else ``directory`` itself
-    when it does; None when neither holds any."""
-    for candidate in (directory / split, directory):
-        if candidate.is_dir() and any(candidate.glob("*.npy")):
-            return candidate
-    return None
+def npy_directory(directory: Path, split: str, splits: tuple[str, ...]) -> Path | None:
+    """The directory of ``split``'s ``.npy`` files under ``directory``.
+
+    A directory laid out in splits (a subdirectory named for one of ``splits``
+    holds ``.npy`` files) gives ``split``'s subdirectory; files beside the
+    subdirectories belong to no split. A directory of ``.npy`` files alone is
+    one split, ``splits[0]`` (train): it is never served as another split, so
+    training rows cannot be evaluated as test rows.
+
+    Returns:
+      The directory, or None when ``directory`` holds no ``.npy`` files at all.
+
+    Raises:
+      MissingSplitError: the directory holds ``.npy`` data but not ``split``.
+    """
+    laid_out = [s for s in splits if any((directory / s).glob("*.npy"))]
+    if laid_out:
+        if split in laid_out:
+            return directory / split
+        raise MissingSplitError(
+            f"{directory} has no {split!r} split: its .npy splits are {laid_out} "
+            f"(subdirectories); add {directory / split}/ with the same fields"
+        )
+    if not any(directory.glob("*.npy")):
+        return None
+    if split == splits[0]:
+        return directory
+    raise MissingSplitError(
+        f"{directory} has no {split!r} split: its .npy files are one split, {splits[0]!r}; "
+        f"to have both, move them into {splits[0]}/ and add {split}/ beside it"
+    )
+
+
+class MissingSplitError(ValueError):
+    """A dataset directory holds no data for the split asked for."""
 
 
 def load_npy_directory(directory: Path) -> dict[str, np.ndarray]:
