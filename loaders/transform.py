@@ -7,13 +7,19 @@ for an encoded field) and returns a dict of fixed-shape numbers. ``rng`` is
 and the epoch only, never on the backend, the worker that runs it, the
 process count or where a resumed epoch starts. So a random augmentation gives
 byte-identical batches on every backend, and a new one every epoch.
+A transform that draws from anything else (``np.random.*``, ``random``,
+torch's global generator, fresh entropy) gets a `TransformRandomnessWarning`
+when the source is made: row 0 is transformed twice and the global generators
+are compared around it.
 """
 
 from __future__ import annotations
 
 import os
 import pickle
+import random
 import sys
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -21,7 +27,13 @@ import numpy as np
 from jaxfeed.loaders.array_dataset import NUMERIC_KINDS, ArrayDataset, as_device_dtype
 from jaxfeed.loaders.protocol import MASK_KEY
 
-__all__ = ["RecordFn", "RecordTransform", "TransformError", "check_workers"]
+__all__ = [
+    "RecordFn",
+    "RecordTransform",
+    "TransformError",
+    "TransformRandomnessWarning",
+    "check_workers",
+]
 
 RecordFn = Callable[[dict[str, Any], np.random.Generator], Mapping[str, Any]]
 
@@ -52,7 +64,10 @@ class RecordTransform:
             raise TypeError(f"transform must be a function fn(record, rng), got {fn!r}")
         self.fn, self.seed = fn, seed
         self.spec: dict[str, tuple[tuple[int, ...], np.dtype]] = {}
-        first = self._call({key: array[0] for key, array in dataset.arrays.items()}, 0, 0)
+        record = {key: array[0] for key, array in dataset.arrays.items()}
+        before = _global_random_states()
+        first = self._call(record, 0, 0)
+        moved = [name for name, state in _global_random_states().items() if state != before[name]]
         for key, value in first.items():
             if key == MASK_KEY or not isinstance(key, str):
                 raise TransformError(
@@ -62,6 +77,7 @@ class RecordTransform:
             value = _numbers(value, key, 0, 0)
             where = f"the transform's field {key!r} (row 0)"
             self.spec[key] = (value.shape, as_device_dtype(value[None], where).dtype)
+        _warn_unless_pure(moved, first, self._call(record, 0, 0))
 
     def rng(self, epoch: int, row: int) -> np.random.Generator:
         """The generator of ``row`` in ``epoch``."""
@@ -139,6 +155,50 @@ class RecordTransform:
                 f"pickled, and {self.fn!r} {why}; define it at the top level of a module "
                 "(a .py file; not a lambda or a nested function), or use num_workers=0"
             )
+
+
+class TransformRandomnessWarning(UserWarning):
+    """A transform draws from something other than its ``rng``: its batches
+    differ between backends, runs and resumes."""
+
+
+def _global_random_states() -> dict[str, bytes]:
+    """The global generators a transform might draw from instead of its ``rng``:
+    numpy's legacy one, Python's ``random``, and torch's once torch is imported."""
+    states = {
+        "numpy's global np.random": pickle.dumps(np.random.get_state()),
+        "Python's random module": pickle.dumps(random.getstate()),
+    }
+    if (torch := sys.modules.get("torch")) is not None:
+        states["torch's global generator"] = torch.random.get_rng_state().numpy().tobytes()
+    return states
+
+
+def _warn_unless_pure(moved: list[str], first: Mapping[str, Any], second: Mapping[str, Any]):
+    """Warns when row 0 drew from a global generator (``moved``), or when two
+    calls on row 0 with the same rng disagree (``first``, ``second``): either
+    way the records are not a function of ``(record, rng)`` alone."""
+    differ = [
+        key
+        for key in first
+        if key not in second
+        or np.asarray(first[key]).tobytes() != np.asarray(second[key]).tobytes()
+    ]
+    if not moved and not differ and second.keys() == first.keys():
+        return
+    what = (
+        f"it drew from {' and '.join(moved)}"
+        if moved
+        else f"two calls on row 0 with the same rng gave different {differ or sorted(second)}"
+    )
+    warnings.warn(
+        f"the transform is not a function of (record, rng) alone: {what}; its batches will "
+        "differ between backends, runs and resumes. Draw every random number from the rng "
+        "argument (rng.integers, rng.random, ...); torch code can take "
+        "torch.Generator().manual_seed(int(rng.integers(2**63)))",
+        TransformRandomnessWarning,
+        stacklevel=4,
+    )
 
 
 def check_workers(backend: str, num_workers: object, transform: RecordTransform | None) -> int:
