@@ -48,10 +48,11 @@ class ArrayDataset(Mapping[str, np.ndarray]):
     Raises:
       TypeError: ``arrays`` is not a mapping of names to arrays.
       ValueError: no fields; a field named ``"mask"``; a field that is not
-        numbers or bytes (strings, other objects); a scalar field; fields with different row
-        counts; no rows; a 64-bit integer that does not fit in 32 bits
-        without x64; a file-mapped field in the other byte order (an in-memory
-        one is served in this machine's order). Each message names the field.
+        numbers or bytes (strings, other objects); a scalar field; a field
+        of empty rows (``(N, 0)``); fields with different row counts; no
+        rows; a 64-bit integer that does not fit in 32 bits without x64; a
+        file-mapped field in the other byte order (an in-memory one is
+        served in this machine's order). Each message names the field.
 
     Example:
       >>> ds = ArrayDataset("toy/train", {"x": np.zeros((10, 3), np.float32),
@@ -142,6 +143,11 @@ def _field(dataset: str, key: object, value: object) -> np.ndarray | BytesField:
         )
     if array.ndim == 0:
         raise ValueError(f"{where} is a scalar; every field needs one row per example on axis 0")
+    if 0 in array.shape[1:]:
+        raise ValueError(
+            f"{where} has empty rows (shape {array.shape}): a row of no values cannot be "
+            "batched by every backend; leave the field out"
+        )
     if not array.dtype.isnative:
         array = _native_byte_order(array, where)
     array = as_device_dtype(array, where)

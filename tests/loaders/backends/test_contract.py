@@ -336,6 +336,8 @@ def test_array_dataset_refuses_bad_fields_by_name():
         loaders.load_dataset({**good, "short": np.zeros(3)})
     with pytest.raises(ValueError, match=r"field 'one' is a scalar"):
         loaders.load_dataset({**good, "one": np.float32(1)})
+    with pytest.raises(ValueError, match=r"field 'none' has empty rows \(shape \(4, 0\)\)"):
+        loaders.load_dataset({**good, "none": np.zeros((4, 0), np.float32)})
     with pytest.raises(ValueError, match=r"field 'big' holds 0\.\.4294967296, which does not fit"):
         loaders.load_dataset({**good, "big": np.array([0, 1, 2, 2**32])})
     with pytest.raises(ValueError, match=r"has no fields"):
