@@ -17,6 +17,7 @@ import os
 import re
 import shutil
 import socket
+import stat
 import tempfile
 import zlib
 from collections.abc import Callable
@@ -218,14 +219,14 @@ def check_entry(path: Path) -> None:
     stamps = []
     for name, (size, _) in expected.items():
         try:
-            stat = (path / name).stat()
+            status = _regular_file_inside(path, name)
         except FileNotFoundError:
             raise _damaged(path, f"{name} is missing") from None
-        if stat.st_size != size:
+        if status.st_size != size:
             raise _damaged(
-                path, f"{name} has {stat.st_size} bytes, its manifest says {size} (truncated?)"
+                path, f"{name} has {status.st_size} bytes, its manifest says {size} (truncated?)"
             )
-        stamps.append((name, stat.st_size, stat.st_mtime_ns, stat.st_ino))
+        stamps.append((name, status.st_size, status.st_mtime_ns, status.st_ino))
     key = str(path.resolve())
     if _checked.get(key) == stamps:
         return
@@ -234,6 +235,24 @@ def check_entry(path: Path) -> None:
         if crc != want:
             raise _damaged(path, f"{name} fails its checksum (crc32 {crc}, manifest {want})")
     _checked[key] = stamps
+
+
+def _regular_file_inside(entry: Path, name: str) -> os.stat_result:
+    """The stat of ``name``, a regular file of ``entry`` itself: a manifest is
+    data, and one naming ``../..``, ``/dev/zero``, a FIFO or a link to them
+    (a planted entry) must not make jaxfeed read, or hang on, another file.
+
+    Raises:
+      FileNotFoundError: no such file.
+      RuntimeError: anything but a regular file inside the entry.
+    """
+    parts = Path(name).parts
+    if Path(name).is_absolute() or not parts or ".." in parts:
+        raise _damaged(entry, f"{name} is not a regular file inside the entry")
+    status = os.lstat(entry / name)  # a link is not followed: it is refused
+    if not stat.S_ISREG(status.st_mode):
+        raise _damaged(entry, f"{name} is not a regular file inside the entry")
+    return status
 
 
 # Entries whose checksums this process verified, with the file stamps seen then.

@@ -146,15 +146,20 @@ def from_pickle(arrays: dict[str, object]) -> dict[str, np.ndarray]:
 
 def identity(array: np.ndarray) -> bytes | None:
     """A cheap identity of an on-disk field: dtype, shape, where it lies, the
-    file's size, modification time and inode, and a sample of its rows. None
-    for a field held in memory (hash its bytes instead)."""
+    file's size, modification and change times and inode, and a sample of its
+    rows. None for a field held in memory (hash its bytes instead). The change
+    time (ctime) is what an edit that restores the mtime (``cp -p``, ``touch
+    -d``) cannot restore, so such an edit outside the sampled rows still gives
+    a new identity."""
     rows = file_rows(array)
     if rows is None:
         return None
     stat = os.stat(rows.path)
     digest = hashlib.sha1()
     digest.update(repr((array.dtype.str, array.shape, rows)).encode())
-    digest.update(repr((stat.st_size, stat.st_mtime_ns, stat.st_ino, stat.st_dev)).encode())
+    digest.update(
+        repr((stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns, stat.st_ino, stat.st_dev)).encode()
+    )
     if len(array):
         picked = np.unique(np.linspace(0, len(array) - 1, SAMPLED_ROWS).astype(np.int64))
         digest.update(np.ascontiguousarray(array[picked]).data)

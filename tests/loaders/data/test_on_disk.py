@@ -88,7 +88,7 @@ def test_an_on_disk_dataset_changed_in_place_gets_a_new_cache_key(tmp_path):
     directory = _save(tmp_path / "d", _fields(500))
     before = fingerprint(*loaders.load_dataset(directory).content())
     labels = np.load(directory / "label.npy", mmap_mode="r+")
-    labels[250] += 1  # one value, in the middle: not among the sampled rows
+    labels[251] += 1  # one value, in the middle: not among the sampled rows
     labels.flush()
     del labels
     os.utime(directory / "label.npy", ns=(time.time_ns(), time.time_ns() + 10**9))

@@ -1,0 +1,74 @@
+"""The cache is untrusted storage: an entry is used only when it still matches
+its source, and it may name only regular files inside itself."""
+
+import json
+import os
+import threading
+
+import numpy as np
+import pytest
+from jaxfeed.loaders.data import cache
+
+from jaxfeed import loaders
+
+
+def _save(directory, rows: int = 5000):
+    directory.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    np.save(directory / "x.npy", rng.normal(size=(rows, 4)).astype(np.float32))
+    np.save(directory / "label.npy", rng.integers(0, 10, rows).astype(np.int32))
+    return directory
+
+
+def _labels(backend, directory):
+    source = loaders.make(backend, dataset=directory, batch_size=1000, shuffle=False)
+    return np.concatenate([b["label"] for b in source.iter_epoch(0)])
+
+
+def test_an_edit_that_restores_the_mtime_is_seen_by_the_hf_copy(tmp_path):
+    directory = _save(tmp_path / "data")
+    np.testing.assert_array_equal(_labels("hf", directory), _labels("numpy", directory))
+    path = directory / "label.npy"
+    before = path.stat()
+    labels = np.load(path, mmap_mode="r+")
+    labels[2501] += 1  # one value, not among the 256 sampled rows
+    labels.flush()
+    del labels
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))  # as cp -p or touch -d would
+    assert path.stat().st_mtime_ns == before.st_mtime_ns and path.stat().st_size == before.st_size
+    want = _labels("numpy", directory)
+    assert want[2501] == np.load(path)[2501]
+    np.testing.assert_array_equal(_labels("hf", directory), want)  # not the old copy
+
+
+@pytest.mark.parametrize(
+    ("name", "make"),
+    [
+        ("../outside.bin", lambda entry: (entry.parent / "outside.bin").write_bytes(b"x")),
+        ("/dev/zero", lambda entry: None),
+        ("fifo", lambda entry: os.mkfifo(entry / "fifo")),
+        ("link", lambda entry: (entry / "link").symlink_to("/dev/zero")),
+    ],
+    ids=["outside", "absolute", "fifo", "symlink"],
+)
+def test_a_manifest_naming_anything_but_a_regular_file_inside_is_refused(tmp_path, name, make):
+    entry = tmp_path / "entry"
+    entry.mkdir()
+    make(entry)
+    manifest = {"format": 2, "files": {name: {"size": 0, "crc32": "00000000"}}}
+    (entry / cache.MANIFEST).write_text(json.dumps(manifest))
+    errors = []
+
+    def check():
+        try:
+            cache.check_entry(entry)
+        except RuntimeError as error:
+            errors.append(error)
+
+    # In a thread with a deadline: a FIFO or /dev/zero hung it for good before.
+    reader = threading.Thread(target=check, daemon=True)
+    reader.start()
+    reader.join(timeout=60)
+    assert not reader.is_alive(), f"check_entry still reads {name} after 60 s"
+    assert len(errors) == 1
+    assert f"is damaged: {name} is not a regular file inside the entry" in str(errors[0])
