@@ -11,6 +11,7 @@ nothing, so a read-only cache works as is.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -54,18 +55,57 @@ def cache_root() -> Path:
     """Returns jaxfeed's cache directory (not created).
 
     Resolution order: ``$JAXFEED_CACHE_DIR``; else ``$XDG_CACHE_HOME/jaxfeed``;
-    else ``~/.cache/jaxfeed``. Empty variables count as unset.
+    else ``~/.cache/jaxfeed``. Empty variables count as unset. When other
+    users may write that directory, this user's ``user-<uid>`` inside it.
 
     Returns:
       The cache root, with ``~`` expanded.
     """
     explicit = os.environ.get(CACHE_ENV)
     if explicit:
-        return Path(explicit).expanduser()
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    if xdg:
-        return Path(xdg).expanduser() / "jaxfeed"
-    return Path.home() / ".cache" / "jaxfeed"
+        root = Path(explicit).expanduser()
+    elif xdg := os.environ.get("XDG_CACHE_HOME"):
+        root = Path(xdg).expanduser() / "jaxfeed"
+    else:
+        root = Path.home() / ".cache" / "jaxfeed"
+    return _own_part(root)
+
+
+def _own_part(root: Path) -> Path:
+    """``root``, or this user's own directory in it when others may write
+    ``root`` (a team's shared scratch): an entry another user could have
+    planted is never read, so each user keeps ``root/user-<uid>``, made by
+    and writable only by that user.
+
+    Raises:
+      ValueError: ``root/user-<uid>`` exists but is not this user's own
+        directory, or others may write it; the message says what to do.
+    """
+    try:
+        shared = root.stat().st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+    except OSError:
+        return root  # not there yet (writable_dir makes it, as this user), or unusable: it says so
+    if not shared:
+        return root
+    own = root / f"user-{os.getuid()}"
+    with contextlib.suppress(FileExistsError, PermissionError):
+        own.mkdir(mode=0o755)  # (PermissionError: a read-only root; checked below if there)
+    try:
+        status = os.lstat(own)
+    except FileNotFoundError:
+        return own  # a read-only root without an entry of ours: writable_dir says so
+    if (
+        not stat.S_ISDIR(status.st_mode)
+        or status.st_uid != os.getuid()
+        or status.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+    ):
+        raise ValueError(
+            f"the cache directory {root} may be written by other users, so jaxfeed keeps "
+            f"yours in {own}, but that is not a directory of yours that only you can write "
+            f"(someone else may have made it); remove it, or set {CACHE_ENV} to a directory "
+            "of your own"
+        )
+    return own
 
 
 def writable_dir(path: str | os.PathLike) -> Path:

@@ -3,6 +3,7 @@ its source, and it may name only regular files inside itself."""
 
 import json
 import os
+import shutil
 import threading
 
 import numpy as np
@@ -12,9 +13,9 @@ from jaxfeed.loaders.data import cache
 from jaxfeed import loaders
 
 
-def _save(directory, rows: int = 5000):
+def _save(directory, rows: int = 5000, seed: int = 0):
     directory.mkdir(parents=True, exist_ok=True)
-    rng = np.random.default_rng(0)
+    rng = np.random.default_rng(seed)
     np.save(directory / "x.npy", rng.normal(size=(rows, 4)).astype(np.float32))
     np.save(directory / "label.npy", rng.integers(0, 10, rows).astype(np.int32))
     return directory
@@ -72,3 +73,43 @@ def test_a_manifest_naming_anything_but_a_regular_file_inside_is_refused(tmp_pat
     assert not reader.is_alive(), f"check_entry still reads {name} after 60 s"
     assert len(errors) == 1
     assert f"is damaged: {name} is not a regular file inside the entry" in str(errors[0])
+
+
+def test_an_entry_planted_in_a_cache_others_can_write_is_never_read(tmp_path, monkeypatch):
+    mine, theirs = _save(tmp_path / "mine"), _save(tmp_path / "theirs", seed=1)
+    want = _labels("numpy", mine)
+    shared = tmp_path / "scratch"
+    shared.mkdir(mode=0o755)
+    monkeypatch.setenv(cache.CACHE_ENV, str(shared))
+    _labels("hf", mine)  # my entry, where a cache of one user keeps it
+    (entry,) = (shared / "hf").iterdir()
+    monkeypatch.setenv(cache.CACHE_ENV, str(tmp_path / "elsewhere"))
+    _labels("hf", theirs)
+    (planted,) = (tmp_path / "elsewhere" / "hf").iterdir()
+    shutil.rmtree(entry)
+    shutil.copytree(planted, entry)  # a neighbour's rows under my entry's name, manifest and all
+    shared.chmod(0o777)  # a team's scratch: anyone may write it
+    monkeypatch.setenv(cache.CACHE_ENV, str(shared))
+    np.testing.assert_array_equal(_labels("hf", mine), want)  # not the planted rows
+    own = shared / f"user-{os.getuid()}"
+    assert cache.cache_root() == own
+    assert any((own / "hf").iterdir()) and own.stat().st_mode & 0o022 == 0
+
+
+def test_a_users_directory_in_a_shared_cache_that_others_may_write_is_refused(
+    tmp_path, monkeypatch
+):
+    shared = tmp_path / "scratch"
+    shared.mkdir()
+    shared.chmod(0o777)
+    own = shared / f"user-{os.getuid()}"
+    own.mkdir()
+    own.chmod(0o777)  # made ready for me by a neighbour
+    monkeypatch.setenv(cache.CACHE_ENV, str(shared))
+    with pytest.raises(ValueError, match=rf"keeps yours in {own}, but that is not a directory"):
+        cache.cache_root()
+    own.chmod(0o755)
+    if os.geteuid() == 0:  # (only root can give a directory to another user)
+        os.chown(own, 65534, 65534)
+        with pytest.raises(ValueError, match="someone else may have made it"):
+            cache.cache_root()
