@@ -12,16 +12,17 @@ nothing, so a read-only cache works as is.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import json
 import os
 import re
+import secrets
 import shutil
-import socket
 import stat
 import tempfile
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -200,10 +201,7 @@ def build_once(path: Path, build: Callable[[Path], None]) -> Path:
     except ValueError as err:  # say why a read-only cache needs writing at all
         raise ValueError(f"{err}; it must be writable to build {path.name}, not there yet") from err
     _remove_dead_builds(root, path.name)
-    prefix = f".{path.name}.build-{socket.gethostname()}-{os.getpid()}-"
-    scratch = Path(tempfile.mkdtemp(dir=root, prefix=prefix))
-    scratch.chmod(0o755)  # mkdtemp makes it owner-only; the cache is not secret
-    try:
+    with _owned_scratch(root, path.name) as scratch:
         build(scratch)
         _write_manifest(scratch)
         try:
@@ -211,27 +209,57 @@ def build_once(path: Path, build: Callable[[Path], None]) -> Path:
         except OSError:
             if not (path / MANIFEST).is_file():  # not a lost race: something is in the way
                 raise _damaged(path, "it appeared while being built, incomplete") from None
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)  # nothing left after a rename
     check_entry(path)  # ours: fills the memo below, so the next open is cheap
     return path
 
 
+@contextlib.contextmanager
+def _owned_scratch(root: Path, name: str) -> Iterator[Path]:
+    """A scratch directory for a build of ``name``, owned by this process for
+    as long as the build runs through an exclusive ``flock`` on its lock file
+    beside it. The kernel drops the lock when the process dies, however it
+    dies, so whether a build is alive is known from the lock, on any host or
+    in any PID namespace that shares the file system, never guessed from a
+    process id. Everything is removed at the end (nothing is left after a
+    rename into place)."""
+    token = secrets.token_hex(8)
+    scratch = root / f".{name}.build-{token}"
+    lock = Path(f"{scratch}.lock")
+    pending = root / f".{name}.starting-{token}"  # not a lock anyone looks for yet
+    handle = os.open(pending, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        os.rename(pending, lock)  # found by others only once it is held
+        scratch.mkdir(mode=0o755)
+        yield scratch
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+        for leftover in (pending, lock):
+            with contextlib.suppress(FileNotFoundError):
+                leftover.unlink()
+        os.close(handle)
+
+
 def _remove_dead_builds(root: Path, name: str) -> None:
-    """Deletes the scratch of builds of ``name`` killed on this host (its
-    process is gone): a killed conversion of a large dataset must not keep
-    its partial copy on the disk for good."""
-    host = socket.gethostname()
-    for scratch in root.glob(f".{name}.build-*"):
-        owner = scratch.name.removeprefix(f".{name}.build-").rsplit("-", 2)
-        if len(owner) != 3 or owner[0] != host or not owner[1].isdigit():
-            continue  # another host's build, or an older jaxfeed's: not ours to judge
+    """Deletes the scratch of builds of ``name`` whose process is gone (their
+    lock is free): a killed conversion of a large dataset must not keep its
+    partial copy on the disk for good, and a live one, wherever it runs, is
+    never touched."""
+    for lock in root.glob(f".{name}.build-*.lock"):
         try:
-            os.kill(int(owner[1]), 0)
-        except ProcessLookupError:
-            shutil.rmtree(scratch, ignore_errors=True)
-        except PermissionError:
-            pass  # alive, another user's
+            handle = os.open(lock, os.O_RDONLY)
+        except FileNotFoundError:
+            continue  # finished, or cleaned up by another process just now
+        try:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                continue  # a build in progress
+            shutil.rmtree(lock.with_suffix(""), ignore_errors=True)
+            with contextlib.suppress(FileNotFoundError):
+                lock.unlink()
+        finally:
+            os.close(handle)
 
 
 def check_entry(path: Path) -> None:

@@ -4,7 +4,10 @@ its source, and it may name only regular files inside itself."""
 import json
 import os
 import shutil
+import subprocess
+import sys
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -113,3 +116,44 @@ def test_a_users_directory_in_a_shared_cache_that_others_may_write_is_refused(
         os.chown(own, 65534, 65534)
         with pytest.raises(ValueError, match="someone else may have made it"):
             cache.cache_root()
+
+
+# A build whose process id, seen from here, belongs to no process: as a build
+# running in another container (another PID namespace) on this host looks.
+_BUILD_ELSEWHERE = r"""
+import os, sys
+from pathlib import Path
+from jaxfeed.loaders.data import cache
+
+root, started = Path(sys.argv[1]), Path(sys.argv[2])
+
+def build(scratch):
+    (scratch / "rows.bin").write_bytes(b"theirs")
+    started.touch()
+    sys.stdin.read()  # until the test closes it
+
+os.getpid = lambda: 4_194_000  # no such process in the test's namespace
+cache.build_once(root / "entry", build)
+"""
+
+
+def test_a_live_build_in_another_pid_namespace_is_never_taken_for_dead(tmp_path):
+    started = tmp_path / "started"
+    child = subprocess.Popen(
+        [sys.executable, "-c", _BUILD_ELSEWHERE, str(tmp_path), str(started)],
+        stdin=subprocess.PIPE,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not started.exists():  # the child's build is under way
+            assert child.poll() is None and time.monotonic() < deadline, "never started"
+            time.sleep(0.02)
+        # This job builds the same entry meanwhile (it lands first).
+        cache.build_once(tmp_path / "entry", lambda s: (s / "rows.bin").write_bytes(b"mine"))
+        child.stdin.close()
+        assert child.wait(timeout=120) == 0  # its scratch was left alone: it finished
+    finally:
+        child.kill()
+        child.wait()
+    assert (tmp_path / "entry" / "rows.bin").read_bytes() == b"mine"
+    assert [p.name for p in tmp_path.iterdir() if ".build-" in p.name] == []  # nothing left
