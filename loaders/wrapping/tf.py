@@ -24,6 +24,11 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
+from jaxfeed.loaders.frameworks.tf import (
+    pipeline_inputs,
+    reshuffles_each_iteration,
+    shuffle_seeds,
+)
 from jaxfeed.loaders.wrapping.epochs import Epochs, WrapSettings
 from jaxfeed.loaders.wrapping.random_access import RandomAccess, sampled_epochs, stack
 from jaxfeed.loaders.wrapping.raw_batches import map_leaves
@@ -133,8 +138,7 @@ def _yields_batches(dataset: Any) -> bool | None:
     one that changes what an element is), rows (it starts from a source of
     rows or ends in ``.unbatch()``), or None when wrap cannot tell.
 
-    TF 2.21 has no public way to walk a pipeline: the private ``_inputs()``
-    is read here (and in `_shuffle_state_lost`)."""
+    TF has no public way to walk a pipeline: the tf door reads its inputs."""
     node = dataset
     while True:
         name = type(node).__name__
@@ -142,7 +146,7 @@ def _yields_batches(dataset: Any) -> bool | None:
             return True
         if name in _ROWS:
             return False
-        inputs = node._inputs() if hasattr(node, "_inputs") else []
+        inputs = pipeline_inputs(node)
         if len(inputs) == 1 and name not in {"_FlatMapDataset", "_InterleaveDataset",
                                              "_ParallelInterleaveDataset"}:  # fmt: skip
             node = inputs[0]
@@ -289,14 +293,14 @@ def _shuffle_state_lost(dataset: Any) -> str | None:
     checkpoint then leaves out the random state the next pass draws from.
     None when there is no such step.
 
-    TF 2.21 has no public way to walk a pipeline: the private ``_inputs()``
-    and a shuffle's ``_reshuffle_each_iteration`` are read here.
+    TF has no public way to walk a pipeline: the tf door reads its inputs
+    and whether a shuffle reshuffles.
     """
     todo = [(dataset, None)]  # (node, the first non-pass-through step under a repeat)
     while todo:
         node, held = todo.pop()
         name = type(node).__name__
-        if name == "_ShuffleDataset" and held and getattr(node, "_reshuffle_each_iteration", 0):
+        if held and reshuffles_each_iteration(node):
             return (
                 f"its .repeat() is above a reshuffling .shuffle() with {held.strip('_')} "
                 f"between them, and tf.data's checkpoint at the end of a pass there would "
@@ -308,7 +312,7 @@ def _shuffle_state_lost(dataset: Any) -> str | None:
             held = ""
         elif held == "" and name not in _PASS_THROUGH:
             held = name
-        todo.extend((child, held) for child in getattr(node, "_inputs", list)())
+        todo.extend((child, held) for child in pipeline_inputs(node))
     return None
 
 
@@ -330,13 +334,13 @@ def _check_shardable(dataset: Any) -> None:
     """Refuses a pipeline whose order may differ between processes (an
     unseeded shuffle), which ``Dataset.shard`` would split into overlapping rows.
 
-    TF 2.21 has no public way to walk a pipeline: the private ``_inputs()``
-    and a shuffle's ``_seed``/``_seed2`` (both 0 when unseeded) are read here.
+    TF has no public way to walk a pipeline: the tf door reads its inputs
+    and a shuffle's seeds (both 0 when unseeded).
     """
     todo = [dataset]
     while todo:
         node = todo.pop()
-        seeds = (getattr(node, "_seed", None), getattr(node, "_seed2", None))
+        seeds = shuffle_seeds(node)
         if "Shuffle" in type(node).__name__ and all(s is not None and int(s) == 0 for s in seeds):
             raise ValueError(
                 "the wrapped tf.data.Dataset shuffles without a seed, so each process would "
@@ -344,7 +348,7 @@ def _check_shardable(dataset: Any) -> None:
                 "give processes overlapping rows; pass seed= to .shuffle() (the same on every "
                 "process), or shard it yourself before shuffling and pass process_count=1"
             )
-        todo.extend(node._inputs() if hasattr(node, "_inputs") else ())
+        todo.extend(pipeline_inputs(node))
 
 
 # --- TFDS data sources: random access, read in the shared sampler's order ---------------
