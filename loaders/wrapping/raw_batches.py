@@ -1,7 +1,7 @@
 """One batch of a wrapped loader, leaf by leaf: flattened to named numpy
 arrays, checked as numbers JAX can hold, padded, cast as JAX would cast them.
 
-`loaders.wrap.WrappedSource` strings these together; each raises a
+`wrapped_source.WrappedSource` strings these together; each raises a
 ``ValueError`` that names the batch (``where``) and the field. `check_fields`
 checks ``wrap``'s ``host_fields=`` / ``pad_to=`` before any batch is read.
 """

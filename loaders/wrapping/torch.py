@@ -365,7 +365,7 @@ class _WithStates:
 class _Pairs:
     def __init__(self, loader: Any):
         self._loader, self._batches = loader, iter(loader)
-        # torch_backend's worker watch reads the workers from the iterator.
+        # The torch backend's worker watch (backends/torch.py) reads them here too.
         self._workers = loader_workers(self._batches)
 
     def __iter__(self) -> _Pairs:
