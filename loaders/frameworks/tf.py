@@ -2,7 +2,8 @@
 private structure (its inputs, a shuffle's seeds and reshuffling).
 
 Checked against tensorflow 2.21.0 and tensorflow-datasets 4.9.10 (the pins in
-``constraints.txt``). TF has no public way to walk a pipeline.
+``constraints.txt``). TF has no public way to walk a pipeline: its steps are
+told apart by their classes' names, and read through private attributes.
 """
 
 from __future__ import annotations
@@ -64,6 +65,50 @@ def import_tfds() -> ModuleType:
     with quiet_stderr():
         import tensorflow_datasets as tfds
     return tfds
+
+
+# tf.data's (mostly private) class names, by which wrap tells a pipeline's steps apart.
+BATCHING = frozenset(
+    {  # steps whose elements are batches of their input's
+        "_BatchDataset",
+        "_PaddedBatchDataset",
+        "_ParallelBatchDataset",
+        "_DenseToRaggedDataset",
+        "_RebatchDataset",
+        "_GroupByWindowDataset",  # bucket_by_sequence_length
+        "BatchDataset",
+        "PaddedBatchDataset",
+    }
+)
+ROWS = frozenset(
+    {  # sources (and .unbatch()) whose elements are rows
+        "_TensorSliceDataset",
+        "_RangeDataset",
+        "TFRecordDatasetV2",
+        "TextLineDatasetV2",
+        "FixedLengthRecordDatasetV2",
+        "_UnbatchDataset",
+    }
+)
+NESTED = frozenset(
+    {  # one input, but elements from the datasets a function makes of it
+        "_FlatMapDataset",
+        "_InterleaveDataset",
+        "_ParallelInterleaveDataset",
+    }
+)
+PASS_THROUGH = frozenset(
+    {  # steps that pass their input's end on at once; any other (batch, prefetch,
+        # a parallel map...) may hold a used-up shuffle iterator between two reads
+        "_MapDataset",
+        "_FilterDataset",
+        "_OptionsDataset",
+        "_ShardDataset",
+        "_TakeDataset",
+        "_SkipDataset",
+    }
+)
+REPEAT = "_RepeatDataset"
 
 
 def pipeline_inputs(node: Any) -> list[Any]:

@@ -230,6 +230,56 @@ def test_tf_reshuffles_each_iteration():
     )
 
 
+def _same(x):
+    return x
+
+
+def test_tf_step_class_names():
+    tf = tf_door.import_tensorflow()
+    rows = tf.data.Dataset.range(8)
+    missing = tf.data.TFRecordDataset(["never-read"])  # built, not read
+    steps = {
+        tf_door.BATCHING: [
+            rows.batch(2),
+            rows.padded_batch(2),
+            rows.batch(2, num_parallel_calls=2),
+            rows.batch(4).rebatch(2),
+            rows.bucket_by_sequence_length(lambda x: tf.cast(x, tf.int32), [3], [2, 2]),
+        ],
+        tf_door.ROWS: [
+            tf.data.Dataset.from_tensor_slices([1, 2]),
+            rows,
+            missing,
+            tf.data.TextLineDataset(["never-read"]),
+            tf.data.FixedLengthRecordDataset(["never-read"], 4),
+            rows.batch(2).unbatch(),
+        ],
+        tf_door.NESTED: [
+            rows.flat_map(lambda x: rows),
+            rows.interleave(lambda x: rows),
+            rows.interleave(lambda x: rows, num_parallel_calls=2),
+        ],
+        tf_door.PASS_THROUGH: [
+            rows.map(_same),
+            rows.filter(lambda x: True),
+            rows.with_options(tf.data.Options()),
+            rows.shard(2, 0),
+            rows.take(2),
+            rows.skip(2),
+        ],
+        frozenset({tf_door.REPEAT}): [rows.repeat()],
+    }
+    for names, datasets in steps.items():
+        for dataset in datasets:
+            name = type(dataset).__name__
+            expect(
+                name in names,
+                "tf",
+                "tensorflow",
+                f"tf.data step class {name} is not among those the door expects: {sorted(names)}",
+            )
+
+
 # --- Hugging Face datasets -----------------------------------------------------------------
 
 
