@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from jaxfeed.loaders.sampler import MAX_SEED
+from jaxfeed.loaders.checks import MAX_SEED
 
 HELP_FORMAT = argparse.ArgumentDefaultsHelpFormatter
 

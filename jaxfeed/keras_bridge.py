@@ -38,8 +38,8 @@ from typing import Any
 
 import numpy as np
 
+from jaxfeed.loaders.checks import check_position
 from jaxfeed.loaders.protocol import MASK_KEY, Batch, BatchSource, SkipsDataState
-from jaxfeed.loaders.sampler import check_position
 from jaxfeed.sharding import DeviceFeed
 
 PADDINGS = ("weight", "drop")

@@ -14,7 +14,6 @@ from jaxfeed.loaders.protocol import MASK_KEY
 
 __all__ = ["ArrayDataset"]
 
-"""The row mask a source adds to padded batches; no field may take its name."""
 NUMERIC_KINDS = "biuf"  # bool, signed, unsigned, float: what every backend stores
 
 

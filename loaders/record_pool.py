@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 from jaxfeed.loaders import shared_batches
 from jaxfeed.loaders.data.on_disk import for_pickle, from_pickle
+from jaxfeed.loaders.frameworks.multiprocessing import pool_processes
 from jaxfeed.loaders.transform import RecordTransform
 from jaxfeed.loaders.workers import SPAWN, SPAWN_WITHOUT_MAIN, from_main, raise_if_dead
 
@@ -113,7 +114,7 @@ class RecordPool:
                 return future.result(timeout=_POLL_SECONDS)
             except concurrent.futures.TimeoutError:
                 # No public accessor: the executor keeps its processes in ``_processes``.
-                workers = list(getattr(self._pool, "_processes", {}).values())
+                workers = pool_processes(self._pool)
                 raise_if_dead(workers, "transform worker", "smaller batches")
 
     def close(self) -> None:

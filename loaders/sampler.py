@@ -21,36 +21,7 @@ import math
 from collections.abc import Iterator
 
 import numpy as np
-
-MAX_SEED = 2**32 - 1
-"""Seeds and epochs are 32-bit: every backend takes them as they are, and
-``jax.random.key`` (without x64) would fold a larger seed onto a smaller one."""
-
-
-def check_int(name: str, value: object, low: int, high: int | None = None, fix: str = "") -> int:
-    """``value`` as a Python int, if it is an int (a numpy integer, not a bool)
-    in ``[low, high]``.
-
-    Raises:
-      TypeError: not an int (the message names ``name`` and the value).
-      ValueError: out of range.
-    """
-    expected = f"an int >= {low}" if high is None else f"an int in [{low}, {high}]"
-    message = f"{name} must be {expected}, got {value!r}"
-    if isinstance(value, bool) or not isinstance(value, int | np.integer):
-        raise TypeError(f"{message} ({type(value).__name__}){fix}")
-    if value < low or (high is not None and value > high):
-        raise ValueError(message + fix)
-    return int(value)
-
-
-def check_batch_size(batch_size: object) -> int:
-    return check_int("batch_size", batch_size, 1)
-
-
-def check_seed(seed: object) -> int:
-    return check_int("seed", seed, 0, MAX_SEED, "; pick a seed in that 32-bit range")
-
+from jaxfeed.loaders.checks import check_batch_size, check_int, check_position, check_seed
 
 SHUFFLES = (True, False, "blocks")
 DEFAULT_WINDOW_BLOCKS = 16
@@ -62,27 +33,6 @@ DEFAULT_BLOCK_BYTES = 1 << 20
 def default_block_rows(row_bytes: int) -> int:
     """Rows of about `DEFAULT_BLOCK_BYTES` (1 MiB), at least one."""
     return max(1, DEFAULT_BLOCK_BYTES // max(1, row_bytes))
-
-
-def check_position(epoch: object, start: object, num_batches: int | None) -> tuple[int, int]:
-    """``(epoch, start)`` as ints, if batch ``start`` of ``epoch`` can be read.
-
-    Every source checks its ``iter_epoch`` arguments here, so a bad epoch or a
-    start past the end fails the same way in every backend and order.
-    ``num_batches=None`` (an unknown length) leaves ``start`` unbounded.
-
-    Raises:
-      TypeError: not ints. ValueError: ``epoch`` outside ``[0, 2**32 - 1]``
-        or ``start`` outside ``[0, num_batches]``.
-    """
-    epoch = check_int("epoch", epoch, 0, MAX_SEED)
-    start = check_int("start", start, 0)
-    if num_batches is not None and start > num_batches:
-        raise ValueError(
-            f"start={start} is outside [0, {num_batches}], the batches of one epoch; "
-            f"resume with 0 <= start <= num_batches"
-        )
-    return epoch, start
 
 
 @dataclasses.dataclass(frozen=True)

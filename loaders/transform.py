@@ -27,13 +27,7 @@ import numpy as np
 from jaxfeed.loaders.array_dataset import NUMERIC_KINDS, ArrayDataset, as_device_dtype
 from jaxfeed.loaders.protocol import MASK_KEY
 
-__all__ = [
-    "RecordFn",
-    "RecordTransform",
-    "TransformError",
-    "TransformRandomnessWarning",
-    "check_workers",
-]
+__all__ = ["RecordFn", "RecordTransform", "TransformError", "TransformRandomnessWarning"]
 
 RecordFn = Callable[[dict[str, Any], np.random.Generator], Mapping[str, Any]]
 
@@ -199,23 +193,6 @@ def _warn_unless_pure(moved: list[str], first: Mapping[str, Any], second: Mappin
         TransformRandomnessWarning,
         stacklevel=4,
     )
-
-
-def check_workers(backend: str, num_workers: object, transform: RecordTransform | None) -> int:
-    """``num_workers`` of a backend whose workers run the transform only.
-
-    Raises:
-      ValueError: not an int >= 0, or > 0 without a transform.
-    """
-    if type(num_workers) is not int or num_workers < 0:
-        raise ValueError(f"the {backend} option num_workers must be an int >= 0, "
-                         f"got {num_workers!r}")  # fmt: skip
-    if num_workers and transform is None:
-        raise ValueError(
-            f"the {backend} backend's workers run a transform, and there is none: a plain "
-            "gather is fastest in this process; pass transform=fn or drop num_workers"
-        )
-    return num_workers
 
 
 def _interactive(fn: object) -> bool:

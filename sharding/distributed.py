@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator
 from typing import NoReturn
 
 import jax
+from jaxfeed.loaders.frameworks.jax import distributed_state
 from jaxfeed.sharding.roll_call import RollCall, claim_id, roll_call_port
 
 # Our own names first, then the ones JAX's launcher documentation uses.
@@ -69,9 +70,7 @@ def current_job() -> tuple[object, int, int] | None:
     same fields. The ids come from here, not jax.process_index(): that would start
     the backends, which wait for every process's devices, a dead one's too.
     """
-    from jax._src import distributed
-
-    state = distributed.global_state
+    state = distributed_state()
     if state.client is None:
         return None
     return state.client, state.process_id, state.num_processes

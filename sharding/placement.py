@@ -13,7 +13,7 @@ from jaxfeed.loaders.protocol import ProcessSlice
 from jaxfeed.sharding.mesh import data_axis_size
 
 
-def check_batch_size(batch_size: int, sharding: NamedSharding) -> None:
+def check_global_batch_divides_mesh(batch_size: int, sharding: NamedSharding) -> None:
     """Raises before any data moves if the global batch cannot be split.
 
     Args:

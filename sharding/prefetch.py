@@ -30,7 +30,7 @@ from jaxfeed.loaders.protocol import BatchSource, host_fields
 from jaxfeed.loaders.read_ahead import END, POLL_SECONDS, pump
 from jaxfeed.sharding.mesh import batch_sharding
 from jaxfeed.sharding.placement import (
-    check_batch_size,
+    check_global_batch_divides_mesh,
     check_process,
     naming_the_field,
     place_batch,
@@ -190,7 +190,7 @@ class DeviceFeed:
             if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < low:
                 raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
         self.sharding = batch_sharding(sharding)
-        check_batch_size(source.batch_size, self.sharding)
+        check_global_batch_divides_mesh(source.batch_size, self.sharding)
         check_process(source)
         self.num_batches = source.num_batches
         self.host_fields = host_fields(source)

@@ -31,7 +31,7 @@ import numpy as np
 os.environ.setdefault("KERAS_BACKEND", "jax")  # Keras picks its backend when imported
 import jax
 import keras
-from jaxfeed.loaders.backends.tfds_store import import_tensorflow
+from jaxfeed.loaders.frameworks.tf import import_tensorflow
 
 import jaxfeed
 from jaxfeed.compare.keras_fit import build_model

@@ -159,7 +159,7 @@ def grain_mapdataset(records: Records, batch_size: int, seed: int, workers: int)
     options (16 threads in each process)."""
     import grain
 
-    from jaxfeed.loaders.backends.grain import mark_absl_flags_parsed
+    from jaxfeed.loaders.frameworks.grain import mark_absl_flags_parsed
 
     rows = [records.record(i) for i in range(len(records))]
     ds = grain.MapDataset.source(rows).seed(seed).shuffle().repeat(None)
@@ -179,7 +179,7 @@ def tf_data(records: Records, batch_size: int, seed: int, workers: int | str) ->
     ``map`` of native decode and ``tf.image`` ops seeded from a
     ``tf.random.Generator`` (TensorFlow's augmentation tutorial),
     ``num_parallel_calls`` = ``workers`` (0: sequential; `AUTO`: AUTOTUNE)."""
-    from jaxfeed.loaders.backends.tfds_store import import_tensorflow
+    from jaxfeed.loaders.frameworks.tf import import_tensorflow
 
     tf = import_tensorflow()
     generator = tf.random.Generator.from_seed(seed, alg="philox")

@@ -22,8 +22,10 @@ import grain
 import numpy as np
 from jaxfeed.loaders.array_dataset import ArrayDataset
 from jaxfeed.loaders.backends.sampled_source import SampledSource
-from jaxfeed.loaders.backends.tfds_store import import_tfds, split_name, store
+from jaxfeed.loaders.backends.tfds_store import split_name, store
 from jaxfeed.loaders.data.on_disk import for_pickle, from_pickle
+from jaxfeed.loaders.frameworks.grain import mark_absl_flags_parsed
+from jaxfeed.loaders.frameworks.tf import import_tfds
 from jaxfeed.loaders.protocol import Batch
 from jaxfeed.loaders.sampler import Sampler
 from jaxfeed.loaders.transform import RecordTransform
@@ -332,20 +334,6 @@ class GrainSource(SampledSource):
                 yield reader.next_batch(position)
         finally:
             reader.close()  # stops worker processes now, not at garbage collection
-
-
-def mark_absl_flags_parsed() -> None:
-    """Lets ``mp_prefetch`` run outside ``absl.app``.
-
-    Grain 0.2.18 reads the absl flag ``--grain_enable_multiprocess_worker_profiling``
-    when starting workers whenever ``jax.profiler`` is importable, and absl
-    raises ``UnparsedFlagAccessError`` unless flags were parsed. Marking them
-    parsed keeps every flag at its default, as ``absl.app.run`` would.
-    """
-    from absl import flags
-
-    if not flags.FLAGS.is_parsed():
-        flags.FLAGS.mark_as_parsed()
 
 
 def _tfds_data_source(dataset: ArrayDataset) -> Sequence[Mapping[str, np.ndarray]]:

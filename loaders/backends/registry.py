@@ -9,9 +9,10 @@ import importlib.util
 import os
 from typing import Any
 
+from jaxfeed.loaders.checks import check_batch_size, check_seed
 from jaxfeed.loaders.data.catalog import DatasetLike, load_dataset
 from jaxfeed.loaders.protocol import BatchSource
-from jaxfeed.loaders.sampler import Sampler, check_batch_size, check_seed, default_block_rows
+from jaxfeed.loaders.sampler import Sampler, default_block_rows
 from jaxfeed.loaders.transform import RecordFn, RecordTransform
 
 

@@ -14,12 +14,13 @@ from collections.abc import Iterator, Mapping, Sequence
 import numpy as np
 from jaxfeed.loaders.array_dataset import ArrayDataset
 from jaxfeed.loaders.bytes_field import BytesField
+from jaxfeed.loaders.checks import check_workers
 from jaxfeed.loaders.data.on_disk import advise
 from jaxfeed.loaders.disk_read_ahead import DiskReadAhead, MappedRows, mapped_rows
 from jaxfeed.loaders.protocol import MASK_KEY, ArraySpec, Batch
 from jaxfeed.loaders.record_pool import RecordPool, RowReader
 from jaxfeed.loaders.sampler import Sampler
-from jaxfeed.loaders.transform import RecordTransform, check_workers
+from jaxfeed.loaders.transform import RecordTransform
 
 
 class SampledSource(abc.ABC):

@@ -20,11 +20,13 @@ from typing import Any
 import numpy as np
 from jaxfeed.loaders.array_dataset import ArrayDataset
 from jaxfeed.loaders.backends.sampled_source import SampledSource
-from jaxfeed.loaders.backends.tfds_store import import_tensorflow, import_tfds, split_name, store
+from jaxfeed.loaders.backends.tfds_store import split_name, store
 from jaxfeed.loaders.bytes_field import BytesField
+from jaxfeed.loaders.checks import check_workers
 from jaxfeed.loaders.data.on_disk import file_rows
+from jaxfeed.loaders.frameworks.tf import import_tensorflow, import_tfds
 from jaxfeed.loaders.sampler import Sampler
-from jaxfeed.loaders.transform import RecordTransform, check_workers
+from jaxfeed.loaders.transform import RecordTransform
 
 OPTIONS = ("order", "num_workers")
 

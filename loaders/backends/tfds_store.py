@@ -1,35 +1,31 @@
-"""An `ArrayDataset` stored as a real TFDS dataset directory, and TF imported quietly.
+"""An `ArrayDataset` stored as a real TFDS dataset directory.
 
 Both the tf backend (``tfrecord``, read by ``tf.data``) and the Grain backend's
 ``source="tfds"`` (``array_record``, random access through
 ``tfds.data_source``) read their split from here. The copy is built once
 under ``cache_root()/tfds/`` by `jaxfeed.loaders.data.cache.build_once`, keyed by content,
-and checked against its manifest on every open.
+and checked against its manifest on every open. TF and TFDS are imported
+quietly by the tf door (`jaxfeed.loaders.frameworks.tf`).
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import io
 import logging
-import os
 import re
 import shutil
 import sys
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from types import ModuleType
 
 from jaxfeed.loaders.array_dataset import ArrayDataset
 from jaxfeed.loaders.data.cache import build_once, cache_entry
+from jaxfeed.loaders.frameworks.tf import import_tfds
 
 __all__ = [
     "TFDS_NAME",
     "TFDS_VERSION",
-    "import_tensorflow",
-    "import_tfds",
     "split_name",
     "store",
 ]
@@ -40,55 +36,6 @@ TFDS_VERSION = "1.1.0"
 """Bump to rebuild every cache entry when the stored layout changes (1.1.0:
 entries carry a manifest)."""
 FORMATS = ("tfrecord", "array_record")
-
-
-@contextlib.contextmanager
-def quiet_stderr() -> Iterator[None]:
-    """Captures everything written to file descriptor 2, from Python and C++
-    alike, and replays it only if the block fails.
-
-    TensorFlow's import and device setup print oneDNN notices, absl
-    pre-initialisation warnings and ``failed call to cuInit`` lines straight
-    to fd 2 (TF 2.21 ignores ``TF_CPP_MIN_LOG_LEVEL`` for some of them). The
-    capture is process-wide, so it is kept to those few seconds.
-    """
-    sys.stderr.flush()
-    saved = os.dup(2)
-    with tempfile.TemporaryFile() as captured:
-        os.dup2(captured.fileno(), 2)
-        try:
-            yield
-        except BaseException:
-            os.dup2(saved, 2)
-            captured.seek(0)
-            sys.stderr.write(captured.read().decode(errors="replace"))
-            raise
-        finally:
-            sys.stderr.flush()
-            os.dup2(saved, 2)
-            os.close(saved)
-
-
-@functools.cache
-def import_tensorflow() -> ModuleType:
-    """Imports TensorFlow without its start-up noise, kept off any GPU (JAX owns those)."""
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    with quiet_stderr():
-        import tensorflow as tf
-
-        # Raises RuntimeError once TF is initialised; its devices are then fixed.
-        with contextlib.suppress(RuntimeError):
-            tf.config.set_visible_devices([], "GPU")
-    return tf
-
-
-@functools.cache
-def import_tfds() -> ModuleType:
-    """Imports tensorflow_datasets (after TensorFlow, quietly)."""
-    import_tensorflow()
-    with quiet_stderr():
-        import tensorflow_datasets as tfds
-    return tfds
 
 
 def split_name(dataset: ArrayDataset) -> str:

@@ -28,6 +28,7 @@ from jaxfeed.loaders import shared_batches
 from jaxfeed.loaders.array_dataset import ArrayDataset
 from jaxfeed.loaders.backends.sampled_source import SampledSource
 from jaxfeed.loaders.data.on_disk import for_pickle, from_pickle
+from jaxfeed.loaders.frameworks.torch import loader_workers
 from jaxfeed.loaders.read_ahead import END, pump
 from jaxfeed.loaders.sampler import Sampler
 from jaxfeed.loaders.transform import RecordTransform
@@ -342,7 +343,7 @@ def _worker_processes(batches: Iterator[Any]) -> list[multiprocessing.Process]:
     torch 2.13 has no public accessor: its multiprocessing iterator keeps
     them in ``_workers``. An iterator without it yields [] (not watched).
     """
-    return list(getattr(batches, "_workers", ()))
+    return loader_workers(batches)
 
 
 def build(dataset: ArrayDataset, sampler: Sampler, **options: Any) -> TorchSource:

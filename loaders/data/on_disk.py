@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import numpy as np
+from jaxfeed.loaders.frameworks.numpy import memmap_mapping
 
 __all__ = [
     "MADVISE",
@@ -62,8 +63,8 @@ def file_rows(array: np.ndarray) -> FileRows | None:
     mapped = _memmap(array)
     if mapped is None or mapped.filename is None or not array.flags.c_contiguous:
         return None
-    mapping = getattr(mapped, "_mmap", None)  # numpy keeps the map of every memmap view here
-    if not isinstance(mapping, mmap.mmap):
+    mapping = memmap_mapping(mapped)  # numpy keeps the map of every memmap view here
+    if mapping is None:
         return None
     # np.memmap maps from its offset rounded down to the allocation granularity.
     mapped_from = mapped.offset - mapped.offset % mmap.ALLOCATIONGRANULARITY

@@ -1,6 +1,6 @@
 """What `wrap` hands its adapters and what they give back: `WrapSettings` in,
-`Epochs` out; and a stream's state as JSON (`encode` / `decode`), which is
-what a checkpoint stores of it.
+`Epochs` out. (A stream's state as JSON, what a checkpoint stores of it, is
+`state_json`'s `encode` / `decode`.)
 """
 
 from __future__ import annotations

@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
+from jaxfeed.loaders.frameworks import grain as grain_door
 from jaxfeed.loaders.workers import children_ignore_stop_signals
 from jaxfeed.loaders.wrapping.epochs import Epochs, WrapSettings
 from jaxfeed.loaders.wrapping.random_access import (
@@ -97,13 +98,13 @@ def _unbatched(dataset: Any) -> tuple[Any, int | None, bool, Callable]:
     """``(rows, batch_size, drop_remainder, batch_fn)`` of a chain ending in
     ``.batch()``, else ``(dataset, None, False, stack)``.
 
-    grain 0.2.18 keeps a BatchMapDataset's settings in private fields
-    (``_batch_size``, ``_drop_remainder``, ``_batch_fn``); its parent is public.
+    A BatchMapDataset's settings are private (read by the grain door); its
+    parent is public.
     """
     if type(dataset).__name__ != "BatchMapDataset":
         return dataset, None, False, stack
     (rows,) = dataset.parents
-    return rows, dataset._batch_size, dataset._drop_remainder, dataset._batch_fn
+    return rows, *grain_door.batch_settings(dataset)
 
 
 def _ancestors(dataset: Any) -> set[str]:
@@ -123,20 +124,20 @@ def _loader_access(loader: Any) -> RandomAccess | str:
     ``worker_count > 0`` the batches are made in that many Grain worker
     processes (``mp_prefetch``), in order.
 
-    grain 0.2.18 has no public accessor for what a DataLoader was built with:
-    ``_data_source``, ``_operations`` and the sampler's ``_seed`` / ``_shuffle``
-    are read here, and only here.
+    Grain has no public accessor for what a DataLoader was built with: the
+    grain door reads it.
     """
     import grain
 
-    sampler = loader._sampler
+    sampler = grain_door.loader_sampler(loader)
     if type(sampler).__name__ != "IndexSampler":
         return f"it has its own sampler ({type(sampler).__name__})"
-    dataset = grain.MapDataset.source(loader._data_source)
-    if sampler._seed is not None:
-        dataset = dataset.seed(sampler._seed)
+    dataset = grain.MapDataset.source(grain_door.loader_data_source(loader))
+    seed = grain_door.sampler_seed(sampler)
+    if seed is not None:
+        dataset = dataset.seed(seed)
     try:
-        dataset = dataset.apply(list(loader._operations))
+        dataset = dataset.apply(list(grain_door.loader_operations(loader)))
     except ValueError as error:  # e.g. Batch after Filter
         return f"its operations do not form a MapDataset ({error})"
     access = _map_access(dataset)
@@ -146,19 +147,18 @@ def _loader_access(loader: Any) -> RandomAccess | str:
     read = access.read
     if options.num_workers > 0:
         read = _in_grain_workers(access.read, options)
-    return dataclasses.replace(access, shuffled=bool(sampler._shuffle), read=read)
+    return dataclasses.replace(access, shuffled=grain_door.sampler_shuffles(sampler), read=read)
 
 
 def _in_grain_workers(read: Read, options: Any) -> Read:
     """``read`` with each batch made in Grain worker processes, in order."""
     import grain
-    from jaxfeed.loaders.backends.grain import mark_absl_flags_parsed
 
     def read_in_workers(epoch: int, plan: Sequence[np.ndarray]) -> Iterator[Any]:
         def one(indices: np.ndarray) -> Any:
             return next(read(epoch, [indices]))
 
-        mark_absl_flags_parsed()  # mp_prefetch reads an absl flag (see there)
+        grain_door.mark_absl_flags_parsed()  # mp_prefetch reads an absl flag (see there)
         batches = iter(grain.MapDataset.source(list(plan)).map(one).to_iter_dataset()
                        .mp_prefetch(options))  # fmt: skip
         while True:
@@ -249,10 +249,10 @@ def _loader_stream(loader: Any, settings: WrapSettings, why: str) -> Epochs:
 
 def _batch_size_of(dataset: Any) -> int | None:
     """The batch size of a Grain ``IterDataset`` that ends in ``.batch()``,
-    else None (grain 0.2.18 keeps it in the private ``_batch_size``)."""
+    else None (private: read by the grain door)."""
     if type(dataset).__name__ != "BatchIterDataset":
         return None
-    return dataset._batch_size
+    return grain_door.batch_size(dataset)
 
 
 def _endless(dataset: Any) -> bool:

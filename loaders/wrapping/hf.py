@@ -14,6 +14,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
+from jaxfeed.loaders.frameworks.hf import examples_iterable, indices_mapping
 from jaxfeed.loaders.wrapping.epochs import Epochs, WrapSettings
 from jaxfeed.loaders.wrapping.random_access import (
     RandomAccess,
@@ -55,11 +56,10 @@ def _table_access(dataset: Any, columns: Sequence[str] | None) -> RandomAccess:
 def _reordered(dataset: Any) -> bool:
     """Whether ``dataset``'s rows were reordered (``.shuffle()``, ``.sort()``).
 
-    datasets 5.2 keeps such an order as an indices mapping in the private
-    ``_indices`` (None when rows are in storage order, also after a
-    contiguous ``select``).
+    Such an order is kept as an indices mapping (read by the hf door; None
+    when rows are in storage order, also after a contiguous ``select``).
     """
-    indices = getattr(dataset, "_indices", None)
+    indices = indices_mapping(dataset)
     if indices is None:
         return False
     order = indices.column(0).to_numpy().astype(np.int64)  # stored as uint64
@@ -120,11 +120,11 @@ def _buffer_shuffled(dataset: Any) -> bool:
     ``state_dict`` leaves out ("examples from shuffle buffers are lost when
     resuming", its docs say).
 
-    datasets 5.2 shows no public view of the chain: the private
-    ``_ex_iterable`` and each step's ``ex_iterable(s)`` are walked; a layout
-    not found counts as shuffled (resumed by reading again, always exact).
+    datasets shows no public view of the chain: its first step (read by the
+    hf door) and each step's ``ex_iterable(s)`` are walked; a layout not found
+    counts as shuffled (resumed by reading again, always exact).
     """
-    todo = [getattr(dataset, "_ex_iterable", None)]
+    todo = [examples_iterable(dataset)]
     if todo[0] is None:
         return True
     while todo:

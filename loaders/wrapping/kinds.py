@@ -46,6 +46,9 @@ class _Kind:
     match: Callable[[Any], bool]
     adapt: Callable[..., Epochs]
     options: tuple[str, ...] = ()
+    # Whether resume="replay" may vouch that it repeats its batches when
+    # iterated again: wrap cannot check that for a user's own iterable.
+    replayable: bool = False
 
 
 # First match wins. Hugging Face comes before torch: its IterableDataset
@@ -76,11 +79,15 @@ KINDS: tuple[_Kind, ...] = (
         "a re-iterable of batches (list, tuple, custom class)",
         _reiterable,
         python.wrap_reiterable,
+        replayable=True,
     ),
     _Kind(
-        "a zero-argument callable returning an iterator of batches", callable, python.wrap_factory
+        "a zero-argument callable returning an iterator of batches",
+        callable,
+        python.wrap_factory,
+        replayable=True,
     ),
 )
 
 # The kinds whose repeating wrap cannot check: resume="replay" vouches for it.
-REPLAYABLE = tuple(kind.name for kind in KINDS[-2:])
+REPLAYABLE = tuple(kind.name for kind in KINDS if kind.replayable)

@@ -1,7 +1,7 @@
 """One batch of a wrapped loader, leaf by leaf: flattened to named numpy
 arrays, checked as numbers JAX can hold, padded, cast as JAX would cast them.
 
-`loaders.wrap.WrappedSource` strings these together; each raises a
+`wrapped_source.WrappedSource` strings these together; each raises a
 ``ValueError`` that names the batch (``where``) and the field. `check_fields`
 checks ``wrap``'s ``host_fields=`` / ``pad_to=`` before any batch is read.
 """
@@ -14,8 +14,8 @@ from typing import Any
 import numpy as np
 from jaxfeed.loaders.array_dataset import as_device_dtype
 from jaxfeed.loaders.backends.sampled_source import pad_rows
+from jaxfeed.loaders.checks import check_int
 from jaxfeed.loaders.protocol import ArraySpec, Batch
-from jaxfeed.loaders.sampler import check_int
 
 DEFAULT_KEYS = ("image", "label")  # the names of a 2-tuple batch's parts
 

@@ -24,6 +24,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
+from jaxfeed.loaders.frameworks import tf as tf_door
 from jaxfeed.loaders.wrapping.epochs import Epochs, WrapSettings
 from jaxfeed.loaders.wrapping.random_access import RandomAccess, sampled_epochs, stack
 from jaxfeed.loaders.wrapping.raw_batches import map_leaves
@@ -106,45 +107,21 @@ def wrap_dataset(dataset: Any, settings: WrapSettings, **_: Any) -> Epochs:
     )
 
 
-# Ops whose elements are batches of their input's; and sources (or .unbatch())
-# whose elements are rows.
-_BATCHING = {
-    "_BatchDataset",
-    "_PaddedBatchDataset",
-    "_ParallelBatchDataset",
-    "_DenseToRaggedDataset",
-    "_RebatchDataset",
-    "_GroupByWindowDataset",  # bucket_by_sequence_length
-    "BatchDataset",
-    "PaddedBatchDataset",
-}
-_ROWS = {
-    "_TensorSliceDataset",
-    "_RangeDataset",
-    "TFRecordDatasetV2",
-    "TextLineDatasetV2",
-    "FixedLengthRecordDatasetV2",
-    "_UnbatchDataset",
-}
-
-
 def _yields_batches(dataset: Any) -> bool | None:
     """Whether the pipeline's elements are batches (a batching op is the last
     one that changes what an element is), rows (it starts from a source of
     rows or ends in ``.unbatch()``), or None when wrap cannot tell.
 
-    TF 2.21 has no public way to walk a pipeline: the private ``_inputs()``
-    is read here (and in `_shuffle_state_lost`)."""
+    TF has no public way to walk a pipeline: the tf door reads its inputs."""
     node = dataset
     while True:
         name = type(node).__name__
-        if name in _BATCHING:
+        if name in tf_door.BATCHING:
             return True
-        if name in _ROWS:
+        if name in tf_door.ROWS:
             return False
-        inputs = node._inputs() if hasattr(node, "_inputs") else []
-        if len(inputs) == 1 and name not in {"_FlatMapDataset", "_InterleaveDataset",
-                                             "_ParallelInterleaveDataset"}:  # fmt: skip
+        inputs = tf_door.pipeline_inputs(node)
+        if len(inputs) == 1 and name not in tf_door.NESTED:
             node = inputs[0]
             continue
         answers = {_yields_batches(child) for child in inputs}  # zip, concatenate, ...
@@ -276,12 +253,6 @@ def _read(path: str) -> bytes:
         return file.read()
 
 
-# Steps that pass their input's end on at once; any other (batch, prefetch, a
-# parallel map...) may hold a used-up shuffle iterator between two reads.
-_PASS_THROUGH = {"_MapDataset", "_FilterDataset", "_OptionsDataset", "_ShardDataset"}
-_PASS_THROUGH |= {"_TakeDataset", "_SkipDataset"}
-
-
 def _shuffle_state_lost(dataset: Any) -> str | None:
     """Why an endless pipeline cannot be checkpointed exactly: a step between
     a ``.repeat()`` and a reshuffling ``.shuffle()`` below it may hold the
@@ -289,14 +260,14 @@ def _shuffle_state_lost(dataset: Any) -> str | None:
     checkpoint then leaves out the random state the next pass draws from.
     None when there is no such step.
 
-    TF 2.21 has no public way to walk a pipeline: the private ``_inputs()``
-    and a shuffle's ``_reshuffle_each_iteration`` are read here.
+    TF has no public way to walk a pipeline: the tf door reads its inputs
+    and whether a shuffle reshuffles.
     """
     todo = [(dataset, None)]  # (node, the first non-pass-through step under a repeat)
     while todo:
         node, held = todo.pop()
         name = type(node).__name__
-        if name == "_ShuffleDataset" and held and getattr(node, "_reshuffle_each_iteration", 0):
+        if held and tf_door.reshuffles_each_iteration(node):
             return (
                 f"its .repeat() is above a reshuffling .shuffle() with {held.strip('_')} "
                 f"between them, and tf.data's checkpoint at the end of a pass there would "
@@ -304,11 +275,11 @@ def _shuffle_state_lost(dataset: Any) -> str | None:
                 f"after .shuffle() (e.g. .shuffle(n).repeat().batch(b)), or pass the "
                 f"finite dataset without .repeat() and steps_per_epoch"
             )
-        if name == "_RepeatDataset":
+        if name == tf_door.REPEAT:
             held = ""
-        elif held == "" and name not in _PASS_THROUGH:
+        elif held == "" and name not in tf_door.PASS_THROUGH:
             held = name
-        todo.extend((child, held) for child in getattr(node, "_inputs", list)())
+        todo.extend((child, held) for child in tf_door.pipeline_inputs(node))
     return None
 
 
@@ -330,13 +301,13 @@ def _check_shardable(dataset: Any) -> None:
     """Refuses a pipeline whose order may differ between processes (an
     unseeded shuffle), which ``Dataset.shard`` would split into overlapping rows.
 
-    TF 2.21 has no public way to walk a pipeline: the private ``_inputs()``
-    and a shuffle's ``_seed``/``_seed2`` (both 0 when unseeded) are read here.
+    TF has no public way to walk a pipeline: the tf door reads its inputs
+    and a shuffle's seeds (both 0 when unseeded).
     """
     todo = [dataset]
     while todo:
         node = todo.pop()
-        seeds = (getattr(node, "_seed", None), getattr(node, "_seed2", None))
+        seeds = tf_door.shuffle_seeds(node)
         if "Shuffle" in type(node).__name__ and all(s is not None and int(s) == 0 for s in seeds):
             raise ValueError(
                 "the wrapped tf.data.Dataset shuffles without a seed, so each process would "
@@ -344,7 +315,7 @@ def _check_shardable(dataset: Any) -> None:
                 "give processes overlapping rows; pass seed= to .shuffle() (the same on every "
                 "process), or shard it yourself before shuffling and pass process_count=1"
             )
-        todo.extend(node._inputs() if hasattr(node, "_inputs") else ())
+        todo.extend(tf_door.pipeline_inputs(node))
 
 
 # --- TFDS data sources: random access, read in the shared sampler's order ---------------

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import ast
 import base64
+import inspect
 import sys
 import time
 import types
@@ -37,6 +38,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
+from jaxfeed.loaders.frameworks.torch import loader_workers
 from jaxfeed.loaders.workers import (
     SPAWN,
     SPAWN_WITHOUT_MAIN,
@@ -363,8 +365,8 @@ class _WithStates:
 class _Pairs:
     def __init__(self, loader: Any):
         self._loader, self._batches = loader, iter(loader)
-        # torch_backend's worker watch reads the workers from the iterator.
-        self._workers = getattr(self._batches, "_workers", ())
+        # The torch backend's worker watch (backends/torch.py) reads them here too.
+        self._workers = loader_workers(self._batches)
 
     def __iter__(self) -> _Pairs:
         return self
@@ -539,7 +541,7 @@ def _main_problem(from_main: list[tuple[str, str]]) -> str | None:
 def _called_under_main_guard(main: types.ModuleType, main_file: str) -> bool:
     """Whether the main script's top-level code reaches this call from inside
     ``if __name__ == "__main__":`` (spawn re-runs everything outside it)."""
-    frame, line = sys._getframe(), None
+    frame, line = inspect.currentframe(), None
     while frame is not None:
         if frame.f_globals is vars(main) and frame.f_code.co_name == "<module>":
             line = frame.f_lineno

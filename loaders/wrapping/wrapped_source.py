@@ -11,8 +11,8 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
+from jaxfeed.loaders.checks import check_batch_size, check_int, check_position, check_seed
 from jaxfeed.loaders.protocol import MASK_KEY, ArraySpec, Batch, BatchSource
-from jaxfeed.loaders.sampler import check_batch_size, check_int, check_position, check_seed
 from jaxfeed.loaders.wrapping import raw_batches
 from jaxfeed.loaders.wrapping.kinds import KINDS, REPLAYABLE, Epochs, WrapSettings
 

@@ -11,7 +11,7 @@ import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from jaxfeed.loaders.protocol import ArraySpec
 from jaxfeed.sharding import DeviceFeed, batch_sharding, data_mesh, place_batch
-from jaxfeed.sharding.placement import check_batch_size
+from jaxfeed.sharding.placement import check_global_batch_divides_mesh
 
 from jaxfeed import loaders
 
@@ -119,8 +119,8 @@ def test_model_axis_must_divide_devices():
         data_mesh(model=3)
 
 
-def test_check_batch_size_accepts_multiples():
-    check_batch_size(24, batch_sharding(data_mesh()))
+def test_check_global_batch_divides_mesh_accepts_multiples():
+    check_global_batch_divides_mesh(24, batch_sharding(data_mesh()))
 
 
 class _Broken:

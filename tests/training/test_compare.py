@@ -13,7 +13,7 @@ import re
 
 import numpy as np
 import pytest
-from jaxfeed.loaders.backends.tfds_store import import_tensorflow
+from jaxfeed.loaders.frameworks.tf import import_tensorflow
 
 from jaxfeed import loaders
 from jaxfeed.cli import main

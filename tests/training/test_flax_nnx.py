@@ -18,7 +18,7 @@ import numpy as np
 import optax
 import pytest
 from flax import nnx
-from jaxfeed.loaders.backends.tfds_store import import_tensorflow
+from jaxfeed.loaders.frameworks.tf import import_tensorflow
 
 import jaxfeed
 from jaxfeed.mask_check import PaddingCountedWarning

@@ -1,0 +1,60 @@
+"""Grain's door: what a ``DataLoader`` and a batched dataset were built with,
+and the absl flag its worker processes read.
+
+Checked against grain 0.2.18 (the pin in ``constraints.txt``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+
+def loader_sampler(loader: Any) -> Any:
+    """The sampler a ``grain.DataLoader`` was built with (private ``_sampler``)."""
+    return loader._sampler
+
+
+def loader_data_source(loader: Any) -> Any:
+    """The data source a ``grain.DataLoader`` reads (private ``_data_source``)."""
+    return loader._data_source
+
+
+def loader_operations(loader: Any) -> Sequence[Any]:
+    """The operations a ``grain.DataLoader`` applies, in order (private ``_operations``)."""
+    return loader._operations
+
+
+def sampler_seed(sampler: Any) -> int | None:
+    """An ``IndexSampler``'s seed, None when unseeded (private ``_seed``)."""
+    return sampler._seed
+
+
+def sampler_shuffles(sampler: Any) -> bool:
+    """Whether an ``IndexSampler`` shuffles (private ``_shuffle``)."""
+    return bool(sampler._shuffle)
+
+
+def batch_settings(dataset: Any) -> tuple[int, bool, Callable]:
+    """``(batch_size, drop_remainder, batch_fn)`` of a ``BatchMapDataset``
+    (private ``_batch_size``, ``_drop_remainder``, ``_batch_fn``)."""
+    return dataset._batch_size, dataset._drop_remainder, dataset._batch_fn
+
+
+def batch_size(dataset: Any) -> int:
+    """The batch size of a ``BatchIterDataset`` (private ``_batch_size``)."""
+    return dataset._batch_size
+
+
+def mark_absl_flags_parsed() -> None:
+    """Lets ``mp_prefetch`` run outside ``absl.app``.
+
+    Grain 0.2.18 reads the absl flag ``--grain_enable_multiprocess_worker_profiling``
+    when starting workers whenever ``jax.profiler`` is importable, and absl
+    raises ``UnparsedFlagAccessError`` unless flags were parsed. Marking them
+    parsed keeps every flag at its default, as ``absl.app.run`` would.
+    """
+    from absl import flags
+
+    if not flags.FLAGS.is_parsed():
+        flags.FLAGS.mark_as_parsed()

@@ -1,0 +1,131 @@
+"""TensorFlow's door: TF and TFDS imported quietly, and a tf.data pipeline's
+private structure (its inputs, a shuffle's seeds and reshuffling).
+
+Checked against tensorflow 2.21.0 and tensorflow-datasets 4.9.10 (the pins in
+``constraints.txt``). TF has no public way to walk a pipeline: its steps are
+told apart by their classes' names, and read through private attributes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import sys
+import tempfile
+from collections.abc import Iterator
+from types import ModuleType
+from typing import Any
+
+
+@contextlib.contextmanager
+def quiet_stderr() -> Iterator[None]:
+    """Captures everything written to file descriptor 2, from Python and C++
+    alike, and replays it only if the block fails.
+
+    TensorFlow's import and device setup print oneDNN notices, absl
+    pre-initialisation warnings and ``failed call to cuInit`` lines straight
+    to fd 2 (TF 2.21 ignores ``TF_CPP_MIN_LOG_LEVEL`` for some of them). The
+    capture is process-wide, so it is kept to those few seconds.
+    """
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as captured:
+        os.dup2(captured.fileno(), 2)
+        try:
+            yield
+        except BaseException:
+            os.dup2(saved, 2)
+            captured.seek(0)
+            sys.stderr.write(captured.read().decode(errors="replace"))
+            raise
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+
+
+@functools.cache
+def import_tensorflow() -> ModuleType:
+    """Imports TensorFlow without its start-up noise, kept off any GPU (JAX owns those)."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    with quiet_stderr():
+        import tensorflow as tf
+
+        # Raises RuntimeError once TF is initialised; its devices are then fixed.
+        with contextlib.suppress(RuntimeError):
+            tf.config.set_visible_devices([], "GPU")
+    return tf
+
+
+@functools.cache
+def import_tfds() -> ModuleType:
+    """Imports tensorflow_datasets (after TensorFlow, quietly)."""
+    import_tensorflow()
+    with quiet_stderr():
+        import tensorflow_datasets as tfds
+    return tfds
+
+
+# tf.data's (mostly private) class names, by which wrap tells a pipeline's steps apart.
+BATCHING = frozenset(
+    {  # steps whose elements are batches of their input's
+        "_BatchDataset",
+        "_PaddedBatchDataset",
+        "_ParallelBatchDataset",
+        "_DenseToRaggedDataset",
+        "_RebatchDataset",
+        "_GroupByWindowDataset",  # bucket_by_sequence_length
+        "BatchDataset",
+        "PaddedBatchDataset",
+    }
+)
+ROWS = frozenset(
+    {  # sources (and .unbatch()) whose elements are rows
+        "_TensorSliceDataset",
+        "_RangeDataset",
+        "TFRecordDatasetV2",
+        "TextLineDatasetV2",
+        "FixedLengthRecordDatasetV2",
+        "_UnbatchDataset",
+    }
+)
+NESTED = frozenset(
+    {  # one input, but elements from the datasets a function makes of it
+        "_FlatMapDataset",
+        "_InterleaveDataset",
+        "_ParallelInterleaveDataset",
+    }
+)
+PASS_THROUGH = frozenset(
+    {  # steps that pass their input's end on at once; any other (batch, prefetch,
+        # a parallel map...) may hold a used-up shuffle iterator between two reads
+        "_MapDataset",
+        "_FilterDataset",
+        "_OptionsDataset",
+        "_ShardDataset",
+        "_TakeDataset",
+        "_SkipDataset",
+    }
+)
+REPEAT = "_RepeatDataset"
+
+
+def pipeline_inputs(node: Any) -> list[Any]:
+    """The datasets a tf.data dataset reads from (private ``_inputs()``; []
+    for a source)."""
+    return list(node._inputs()) if hasattr(node, "_inputs") else []
+
+
+def shuffle_seeds(node: Any) -> tuple[Any, Any]:
+    """``(seed, seed2)`` of a shuffle dataset, both 0 when unseeded (private
+    ``_seed`` / ``_seed2``; ``(None, None)`` for a dataset without them)."""
+    return getattr(node, "_seed", None), getattr(node, "_seed2", None)
+
+
+def reshuffles_each_iteration(node: Any) -> bool:
+    """Whether ``node`` is a ``.shuffle()`` (the private class ``_ShuffleDataset``)
+    that reshuffles on each iteration (private ``_reshuffle_each_iteration``)."""
+    return type(node).__name__ == "_ShuffleDataset" and bool(
+        getattr(node, "_reshuffle_each_iteration", 0)
+    )

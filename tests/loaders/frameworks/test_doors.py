@@ -1,0 +1,388 @@
+"""Each door's accessors on a real, small object of their framework.
+
+A failure names the framework, its installed version and the door to update:
+an upgrade moved or changed something jaxfeed reads there.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import importlib.metadata
+import mmap
+import multiprocessing
+import os
+import platform
+
+import numpy as np
+import pytest
+from jaxfeed.loaders.frameworks import grain as grain_door
+from jaxfeed.loaders.frameworks import hf as hf_door
+from jaxfeed.loaders.frameworks import jax as jax_door
+from jaxfeed.loaders.frameworks import multiprocessing as multiprocessing_door
+from jaxfeed.loaders.frameworks import numpy as numpy_door
+from jaxfeed.loaders.frameworks import tf as tf_door
+from jaxfeed.loaders.frameworks import torch as torch_door
+
+
+def _version(package: str) -> str:
+    if package == "python":
+        return platform.python_version()
+    return importlib.metadata.version(package)
+
+
+def _where(door: str, package: str) -> str:
+    return f"{package} {_version(package)}: see loaders/frameworks/{door}.py"
+
+
+def read(door: str, package: str, accessor, *args):
+    """``accessor(*args)``; a failure names the framework, its version and the door."""
+    try:
+        return accessor(*args)
+    except Exception as error:
+        pytest.fail(f"{door}.{accessor.__name__} failed ({error!r}); {_where(door, package)}")
+
+
+def expect(ok: bool, door: str, package: str, what: str) -> None:
+    """Asserts ``ok``; the message names the framework, its version and the door."""
+    assert ok, f"{what}; {_where(door, package)}"
+
+
+# --- grain ---------------------------------------------------------------------------------
+
+
+def test_grain_loader_reads_what_it_was_built_with():
+    import grain
+
+    source = [{"x": np.int32(i)} for i in range(4)]
+    sampler = grain.samplers.IndexSampler(num_records=4, shuffle=True, seed=3, num_epochs=1)
+    operations = [grain.transforms.Batch(batch_size=2)]
+    loader = grain.DataLoader(data_source=source, sampler=sampler, operations=operations)
+    expect(
+        read("grain", "grain", grain_door.loader_sampler, loader) is sampler,
+        "grain",
+        "grain",
+        "loader._sampler is not the sampler it was built with",
+    )
+    expect(
+        read("grain", "grain", grain_door.loader_data_source, loader) is source,
+        "grain",
+        "grain",
+        "loader._data_source is not the source it was built with",
+    )
+    got = list(read("grain", "grain", grain_door.loader_operations, loader))
+    expect(
+        len(got) == 1 and got[0] is operations[0],
+        "grain",
+        "grain",
+        f"loader._operations is {got!r}, not the operations given",
+    )
+
+
+def test_grain_sampler_seed_and_shuffle():
+    import grain
+
+    shuffled = grain.samplers.IndexSampler(num_records=4, shuffle=True, seed=3, num_epochs=1)
+    plain = grain.samplers.IndexSampler(num_records=4, shuffle=False, num_epochs=1)
+    seed = read("grain", "grain", grain_door.sampler_seed, shuffled)
+    expect(seed == 3, "grain", "grain", f"sampler._seed is {seed!r}, not the seed 3")
+    unseeded = read("grain", "grain", grain_door.sampler_seed, plain)
+    expect(unseeded is None, "grain", "grain", f"an unseeded sampler's _seed is {unseeded!r}")
+    expect(
+        read("grain", "grain", grain_door.sampler_shuffles, shuffled) is True
+        and read("grain", "grain", grain_door.sampler_shuffles, plain) is False,
+        "grain",
+        "grain",
+        "sampler._shuffle does not say whether it shuffles",
+    )
+
+
+def test_grain_batch_settings():
+    import grain
+
+    def batch_fn(rows):
+        return rows
+
+    rows = grain.MapDataset.source(list(range(5)))
+    dataset = rows.batch(2, drop_remainder=True, batch_fn=batch_fn)
+    expect(
+        type(dataset).__name__ == "BatchMapDataset",
+        "grain",
+        "grain",
+        f".batch() makes a {type(dataset).__name__}, not a BatchMapDataset",
+    )
+    got = read("grain", "grain", grain_door.batch_settings, dataset)
+    expect(
+        got == (2, True, batch_fn),
+        "grain",
+        "grain",
+        f"BatchMapDataset's _batch_size, _drop_remainder, _batch_fn: {got!r}",
+    )
+
+
+def test_grain_iter_dataset_batch_size():
+    import grain
+
+    dataset = grain.MapDataset.source(list(range(5))).to_iter_dataset().batch(3)
+    expect(
+        type(dataset).__name__ == "BatchIterDataset",
+        "grain",
+        "grain",
+        f".batch() makes a {type(dataset).__name__}, not a BatchIterDataset",
+    )
+    size = read("grain", "grain", grain_door.batch_size, dataset)
+    expect(size == 3, "grain", "grain", f"BatchIterDataset._batch_size is {size!r}, not 3")
+
+
+def test_grain_absl_flags_marked_parsed():
+    from absl import flags
+
+    read("grain", "grain", grain_door.mark_absl_flags_parsed)
+    expect(flags.FLAGS.is_parsed(), "grain", "absl-py", "absl flags are still unparsed")
+
+
+# --- tf.data and TFDS ----------------------------------------------------------------------
+
+
+def test_tf_imports_quietly():
+    tf = read("tf", "tensorflow", tf_door.import_tensorflow)
+    expect(hasattr(tf, "data"), "tf", "tensorflow", "import_tensorflow gave no tf.data")
+    tfds = read("tf", "tensorflow-datasets", tf_door.import_tfds)
+    expect(
+        hasattr(tfds, "features") and hasattr(tfds, "builder_from_directory"),
+        "tf",
+        "tensorflow-datasets",
+        "import_tfds gave no tfds.features / builder_from_directory",
+    )
+
+
+def test_quiet_stderr_replays_only_on_failure(capfd):
+    with tf_door.quiet_stderr():
+        os.write(2, b"start-up noise\n")
+    assert "start-up noise" not in capfd.readouterr().err
+    with pytest.raises(RuntimeError, match="boom"), tf_door.quiet_stderr():
+        os.write(2, b"why it failed\n")
+        raise RuntimeError("boom")
+    assert "why it failed" in capfd.readouterr().err
+
+
+def test_tf_pipeline_inputs():
+    tf = tf_door.import_tensorflow()
+    source = tf.data.Dataset.range(8)
+    mapped = source.shuffle(4, seed=1).map(lambda x: x)
+    (shuffle,) = read("tf", "tensorflow", tf_door.pipeline_inputs, mapped)
+    (below,) = read("tf", "tensorflow", tf_door.pipeline_inputs, shuffle)
+    expect(
+        type(shuffle).__name__ == "_ShuffleDataset" and type(below).__name__ == "_RangeDataset",
+        "tf",
+        "tensorflow",
+        f"a pipeline's _inputs() lead to {shuffle!r}, {below!r}",
+    )
+    got = read("tf", "tensorflow", tf_door.pipeline_inputs, below)
+    expect(got == [], "tf", "tensorflow", f"a source's _inputs() are {got!r}, not []")
+
+
+def test_tf_shuffle_seeds():
+    tf = tf_door.import_tensorflow()
+    source = tf.data.Dataset.range(8)
+    seeded = read("tf", "tensorflow", tf_door.shuffle_seeds, source.shuffle(4, seed=5))
+    expect(
+        all(s is not None for s in seeded) and any(int(s) != 0 for s in seeded),
+        "tf",
+        "tensorflow",
+        f"a seeded shuffle's (_seed, _seed2) are {seeded!r}",
+    )
+    if _no_global_seed():
+        unseeded = read("tf", "tensorflow", tf_door.shuffle_seeds, source.shuffle(4))
+        expect(
+            all(s is not None and int(s) == 0 for s in unseeded),
+            "tf",
+            "tensorflow",
+            f"an unseeded shuffle's (_seed, _seed2) are {unseeded!r}, not 0s",
+        )
+    got = read("tf", "tensorflow", tf_door.shuffle_seeds, source)
+    expect(got == (None, None), "tf", "tensorflow", f"a range's seeds are {got!r}")
+
+
+def _no_global_seed() -> bool:
+    # A global seed (tf.random.set_seed) gives every op a seed.
+    from tensorflow.python.framework import random_seed
+
+    return random_seed.get_seed(None) == (None, None)
+
+
+def test_tf_reshuffles_each_iteration():
+    tf = tf_door.import_tensorflow()
+    source = tf.data.Dataset.range(8)
+    again = source.shuffle(4, seed=1, reshuffle_each_iteration=True)
+    once = source.shuffle(4, seed=1, reshuffle_each_iteration=False)
+    expect(
+        read("tf", "tensorflow", tf_door.reshuffles_each_iteration, again) is True,
+        "tf",
+        "tensorflow",
+        f"a reshuffling {type(again).__name__} does not say so",
+    )
+    expect(
+        read("tf", "tensorflow", tf_door.reshuffles_each_iteration, once) is False
+        and read("tf", "tensorflow", tf_door.reshuffles_each_iteration, source) is False,
+        "tf",
+        "tensorflow",
+        "a shuffle without reshuffling, or no shuffle, says it reshuffles",
+    )
+
+
+def _same(x):
+    return x
+
+
+def test_tf_step_class_names():
+    tf = tf_door.import_tensorflow()
+    rows = tf.data.Dataset.range(8)
+    missing = tf.data.TFRecordDataset(["never-read"])  # built, not read
+    steps = {
+        tf_door.BATCHING: [
+            rows.batch(2),
+            rows.padded_batch(2),
+            rows.batch(2, num_parallel_calls=2),
+            rows.batch(4).rebatch(2),
+            rows.bucket_by_sequence_length(lambda x: tf.cast(x, tf.int32), [3], [2, 2]),
+        ],
+        tf_door.ROWS: [
+            tf.data.Dataset.from_tensor_slices([1, 2]),
+            rows,
+            missing,
+            tf.data.TextLineDataset(["never-read"]),
+            tf.data.FixedLengthRecordDataset(["never-read"], 4),
+            rows.batch(2).unbatch(),
+        ],
+        tf_door.NESTED: [
+            rows.flat_map(lambda x: rows),
+            rows.interleave(lambda x: rows),
+            rows.interleave(lambda x: rows, num_parallel_calls=2),
+        ],
+        tf_door.PASS_THROUGH: [
+            rows.map(_same),
+            rows.filter(lambda x: True),
+            rows.with_options(tf.data.Options()),
+            rows.shard(2, 0),
+            rows.take(2),
+            rows.skip(2),
+        ],
+        frozenset({tf_door.REPEAT}): [rows.repeat()],
+    }
+    for names, datasets in steps.items():
+        for dataset in datasets:
+            name = type(dataset).__name__
+            expect(
+                name in names,
+                "tf",
+                "tensorflow",
+                f"tf.data step class {name} is not among those the door expects: {sorted(names)}",
+            )
+
+
+# --- Hugging Face datasets -----------------------------------------------------------------
+
+
+def test_hf_indices_mapping():
+    import datasets
+
+    table = datasets.Dataset.from_dict({"x": list(range(6))})
+    got = read("hf", "datasets", hf_door.indices_mapping, table)
+    expect(got is None, "hf", "datasets", f"a table in storage order has _indices {got!r}")
+    shuffled = read("hf", "datasets", hf_door.indices_mapping, table.shuffle(seed=0))
+    order = None if shuffled is None else sorted(shuffled.column(0).to_pylist())
+    expect(
+        order == list(range(6)),
+        "hf",
+        "datasets",
+        f"a shuffled table's _indices are {shuffled!r}, not its row order",
+    )
+
+
+def test_hf_examples_iterable():
+    import datasets
+
+    stream = datasets.Dataset.from_dict({"x": list(range(6))}).to_iterable_dataset()
+    first = read("hf", "datasets", hf_door.examples_iterable, stream)
+    expect(first is not None, "hf", "datasets", "an IterableDataset has no _ex_iterable")
+    buffered = stream.shuffle(seed=0, buffer_size=2)
+    shuffled = read("hf", "datasets", hf_door.examples_iterable, buffered)
+    expect(
+        type(shuffled).__name__ == "BufferShuffledExamplesIterable",
+        "hf",
+        "datasets",
+        f"a buffer-shuffled stream's _ex_iterable is a {type(shuffled).__name__}",
+    )
+    expect(hf_door.examples_iterable(object()) is None, "hf", "datasets", "no chain is not None")
+
+
+# --- torch ---------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_torch_loader_workers():
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    dataset = TensorDataset(torch.arange(8))
+    alone = iter(DataLoader(dataset, batch_size=4))
+    got = read("torch", "torch", torch_door.loader_workers, alone)
+    expect(got == [], "torch", "torch", f"a loader without workers has workers {got!r}")
+    loader = DataLoader(dataset, batch_size=4, num_workers=1, multiprocessing_context="spawn")
+    batches = iter(loader)
+    try:
+        workers = read("torch", "torch", torch_door.loader_workers, batches)
+        expect(
+            len(workers) == 1 and isinstance(workers[0], multiprocessing.process.BaseProcess),
+            "torch",
+            "torch",
+            f"a one-worker iterator's _workers are {workers!r}",
+        )
+    finally:
+        for _ in batches:  # read to the end: the loader stops its worker
+            pass
+
+
+# --- numpy ---------------------------------------------------------------------------------
+
+
+def test_numpy_memmap_mapping(tmp_path):
+    path = tmp_path / "rows.bin"
+    np.arange(16, dtype=np.uint8).tofile(path)
+    mapped = np.memmap(path, dtype=np.uint8, mode="r", shape=(4, 4))
+    for array in (mapped, mapped[1:]):
+        got = read("numpy", "numpy", numpy_door.memmap_mapping, array)
+        expect(isinstance(got, mmap.mmap), "numpy", "numpy", f"a memmap's _mmap is {got!r}")
+    got = read("numpy", "numpy", numpy_door.memmap_mapping, np.arange(3))
+    expect(got is None, "numpy", "numpy", f"an array in memory has a map {got!r}")
+
+
+# --- the standard library's process pools -----------------------------------------------
+
+
+@pytest.mark.slow
+def test_process_pool_processes():
+    context = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(1, mp_context=context) as pool:
+        pid = pool.submit(os.getpid).result()
+        workers = read("multiprocessing", "python", multiprocessing_door.pool_processes, pool)
+        expect(
+            [worker.pid for worker in workers] == [pid],
+            "multiprocessing",
+            "python",
+            f"a pool's _processes are {workers!r}, not its worker",
+        )
+
+
+# --- JAX -----------------------------------------------------------------------------------
+
+
+def test_jax_distributed_state():
+    state = read("jax", "jax", jax_door.distributed_state)
+    expect(
+        all(hasattr(state, name) for name in ("client", "process_id", "num_processes")),
+        "jax",
+        "jax",
+        f"jax._src.distributed.global_state is {state!r}, without those fields",
+    )
+    expect(state.client is None, "jax", "jax", "a process that joined no job has a client")
