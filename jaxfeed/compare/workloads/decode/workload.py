@@ -3,9 +3,10 @@
 The ``digits-png`` split (PNG-encoded 64x64 RGB digits) read through every
 jaxfeed backend with its default transform, `encoded.augment` (decode, random
 resized crop, flip, normalise), at each worker count, each beside its
-framework's own pipeline doing the same work (`jaxfeed.compare.workloads.decode.idioms`). Rows are
-measured in turn within each repeat (A B C A B C ...), a jaxfeed row right
-before its idiom at the same worker count, so drift hits both alike.
+framework's own pipeline doing the same work (`idioms`). Rows are measured
+in turn within each repeat (A B C A B C ..., `jaxfeed.compare.runner`), a
+jaxfeed row right before its idiom at the same worker count, so drift hits
+both alike.
 
 One measurement of a row opens a fresh pipeline and reads it as one endless
 stream of batches: time to the first batch; `LEAD_IN` untimed batches (every
@@ -52,7 +53,7 @@ LEARNING_RATE = 0.005
 
 @dataclasses.dataclass(frozen=True)
 class DecodeConfig:
-    """What `run` measures; the fields mirror the ``jaxfeed compare`` flags."""
+    """What `Decode` measures; the fields mirror the ``jaxfeed compare`` flags."""
 
     backends: tuple[str, ...]
     workers: tuple[int, ...] = (0, 1, 2)
