@@ -146,7 +146,7 @@ def _run_compare(args: argparse.Namespace, command: list[str]) -> int:
     names = args.loaders if args.loaders is not None else tuple(usable)
     for name in names:
         registry.get(name)  # unknown or not installed: a clear error, before any work
-    chosen = _decode_workload if args.workload == "decode" else _copy_workload
+    chosen = {"copy": _copy_workload, "decode": _decode_workload}[args.workload]
     workload, config, report = chosen(args, tuple(dict.fromkeys(names)))
     mesh = data_mesh(pick_devices(jax.devices(), args.devices))
     result = run(workload(config, mesh), command)
