@@ -138,8 +138,7 @@ def _run_compare(args: argparse.Namespace, command: list[str]) -> int:
     import jax
 
     from jaxfeed import loaders
-    from jaxfeed.compare.report import format_report, write_plot
-    from jaxfeed.compare.run import CompareConfig, run
+    from jaxfeed.compare.runner import run
     from jaxfeed.loaders.backends import registry
     from jaxfeed.sharding import data_mesh
 
@@ -147,12 +146,27 @@ def _run_compare(args: argparse.Namespace, command: list[str]) -> int:
     names = args.loaders if args.loaders is not None else tuple(usable)
     for name in names:
         registry.get(name)  # unknown or not installed: a clear error, before any work
-    if args.workload == "decode":
-        return _run_decode(args, command, tuple(dict.fromkeys(names)))
+    chosen = {"copy": _copy_workload, "decode": _decode_workload}[args.workload]
+    workload, config, report = chosen(args, tuple(dict.fromkeys(names)))
+    mesh = data_mesh(pick_devices(jax.devices(), args.devices))
+    result = run(workload(config, mesh), command)
+    print(report.format_report(result))
+    if args.json is not None:
+        args.json.write_text(json.dumps(result, indent=2, default=str) + "\n")
+    if args.plot is not None:  # the copy workload's; decode refuses --plot
+        report.write_plot(result, args.plot)
+    return 0
+
+
+def _copy_workload(args: argparse.Namespace, names: tuple[str, ...]) -> tuple[type, Any, Any]:
+    """The copy workload's class, its config from ``args``, and its report module."""
+    from jaxfeed.compare.workloads.copy import report
+    from jaxfeed.compare.workloads.copy.workload import Copy, CopyConfig
+
     if args.workers is not None:
         raise ValueError("--workers is for --workload decode; the copy workload has no workers")
-    config = CompareConfig(
-        backends=tuple(dict.fromkeys(names)),
+    config = CopyConfig(
+        backends=names,
         dataset=args.dataset,
         data_dir=args.data_dir,
         batch_size=args.batch_size,
@@ -165,29 +179,20 @@ def _run_compare(args: argparse.Namespace, command: list[str]) -> int:
         wrap=not args.no_wrap,
         keras=not args.no_keras,
     )
-    mesh = data_mesh(pick_devices(jax.devices(), args.devices))
-    result = run(config, mesh, command)
-    print(format_report(result))
-    if args.json is not None:
-        args.json.write_text(json.dumps(result, indent=2, default=str) + "\n")
-    if args.plot is not None:
-        write_plot(result, args.plot)
-    return 0
+    return Copy, config, report
 
 
-def _run_decode(args: argparse.Namespace, command: list[str], names: tuple[str, ...]) -> int:
-    import jax
-
-    from jaxfeed.compare import decode
-    from jaxfeed.compare.decode_report import format_report
-    from jaxfeed.sharding import data_mesh
+def _decode_workload(args: argparse.Namespace, names: tuple[str, ...]) -> tuple[type, Any, Any]:
+    """The decode workload's class, its config from ``args``, and its report module."""
+    from jaxfeed.compare.workloads.decode import report
+    from jaxfeed.compare.workloads.decode.workload import DATASET, Decode, DecodeConfig
 
     if args.plot is not None or args.dataset != "mnist-sample":
         raise ValueError(
-            f"--workload decode reads {decode.DATASET!r} and prints a table; drop "
+            f"--workload decode reads {DATASET!r} and prints a table; drop "
             "--dataset and --plot (use --data-dir for the real digits, --json for every figure)"
         )
-    config = decode.DecodeConfig(
+    config = DecodeConfig(
         backends=names,
         workers=args.workers or (0, 1, 2),
         data_dir=args.data_dir,
@@ -199,12 +204,7 @@ def _run_decode(args: argparse.Namespace, command: list[str], names: tuple[str, 
         max_batches=args.max_batches,
         idioms=not args.no_baselines,
     )
-    mesh = data_mesh(pick_devices(jax.devices(), args.devices))
-    result = decode.run(config, mesh, command)
-    print(format_report(result))
-    if args.json is not None:
-        args.json.write_text(json.dumps(result, indent=2, default=str) + "\n")
-    return 0
+    return Decode, config, report
 
 
 def _run_backends() -> int:

@@ -34,7 +34,7 @@ import keras
 from jaxfeed.loaders.frameworks.tf import import_tensorflow
 
 import jaxfeed
-from jaxfeed.compare.keras_fit import build_model
+from jaxfeed.compare.workloads.copy.keras_fit import build_model
 
 B, SEED, EPOCHS = 128, 0, 2  # mnist-sample: 4,000 train rows (last batch 32 real), 1,000 test
 

@@ -1,4 +1,4 @@
-"""CPU time and peak memory of this process together with its worker processes.
+"""CPU time and peak memory of this process, alone or with its worker processes.
 
 Pipelines that decode in worker processes (torch ``DataLoader`` workers,
 Grain's ``mp_prefetch``, jaxfeed's record pool) spend their CPU and memory
@@ -10,10 +10,12 @@ this process and its finished children only).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import resource
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 _PROC = Path("/proc")
@@ -132,6 +134,31 @@ class PeakMemory:
     def _poll(self) -> None:
         while not self._stop.wait(SAMPLE_S):
             self.sample()
+
+
+class SelfPeak:
+    """Peak resident memory of this process alone, per piece of work: its
+    ``VmHWM``, reset through ``/proc/self/clear_refs`` before each piece
+    (Linux; ``supported`` is False elsewhere)."""
+
+    def __init__(self) -> None:
+        self.supported = _clear_refs("self")
+
+    @contextlib.contextmanager
+    def track(self, figures: dict[str, float]) -> Iterator[None]:
+        """Records the work inside into ``figures``, keeping earlier maxima:
+        ``peak_rss_mb`` and ``peak_increase_mb`` (the peak less the resident
+        memory when the work began)."""
+        if not self.supported:
+            yield
+            return
+        _clear_refs("self")  # VmHWM := VmRSS
+        start = status_kb("self", "VmRSS") or 0
+        yield
+        peak = status_kb("self", "VmHWM") or 0
+        figures["peak_rss_mb"] = max(figures.get("peak_rss_mb", 0), peak / 1024)
+        increase = max(figures.get("peak_increase_mb", 0), (peak - start) / 1024)
+        figures["peak_increase_mb"] = increase
 
 
 def _clear_refs(pid: int | str) -> bool:

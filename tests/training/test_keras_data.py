@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import jaxfeed
-from jaxfeed.compare.fresh import child_env
+from jaxfeed.compare.workloads.copy.fresh import child_env
 
 WORKER = Path(__file__).resolve().parents[1] / "keras_worker.py"
 TRAIN_BATCHES, TEST_BATCHES = 32, 8  # mnist-sample at batch 128: 4,000 and 1,000 rows
@@ -172,7 +172,7 @@ def test_keras_splits_the_batches_over_devices_itself():
     code = """
 import jax, keras
 import jaxfeed
-from jaxfeed.compare.keras_fit import build_model
+from jaxfeed.compare.workloads.copy.keras_fit import build_model
 
 keras.distribution.set_distribution(keras.distribution.DataParallel(devices=jax.devices()))
 source = jaxfeed.make("numpy", dataset="mnist-sample", batch_size=128)

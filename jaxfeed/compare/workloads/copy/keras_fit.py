@@ -1,7 +1,7 @@
 """Keras 3 ``fit`` on the JAX backend: the same MLP, the same user loader object,
 handed to Keras as it is or through ``jaxfeed.keras_data(wrap(obj))``.
 
-Runs only in a fresh process (`jaxfeed.compare.fresh`): Keras picks its
+Runs only in a fresh process (`jaxfeed.compare.workloads.copy.fresh`): Keras picks its
 backend once, at import, and ``import tensorflow`` imports Keras on the
 TensorFlow backend, so in the parent it may already be the wrong one.
 
@@ -21,8 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from jaxfeed.compare.baselines import Baseline
-from jaxfeed.compare.rows import steady, trained_epochs
+from jaxfeed.compare.training import steady, trained_epochs
+from jaxfeed.compare.workloads.copy.baselines import Baseline
 from jaxfeed.keras_bridge import jax_keras, keras_data
 from jaxfeed.loaders.protocol import BatchSource
 from jaxfeed.mnist.model import LAYER_SIZES

@@ -1,12 +1,14 @@
-"""Reads a decode-workload result: ratios, targets and the plain-text table.
+"""The decode workload's report: ratios, targets and the plain-text table.
 
-Works on the JSON-able dict `jaxfeed.compare.decode.run` returns, so a saved
-``--json`` file can be re-rendered without measuring.
+Works on the JSON-able dict `Decode.result` returns, so a saved ``--json``
+file can be re-rendered without measuring.
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+from jaxfeed.compare.report import fixed_table, target, verdict
 
 WITHIN = 1.1  # a jaxfeed backend's throughput at most this much below its idiom's
 SPEEDUP = 1.7  # 2 workers over 1, for backends whose workers are processes
@@ -22,7 +24,7 @@ def _throughput(rows: list[dict]) -> dict[tuple, float]:
 
 
 def ratios_and_targets(rows: list[dict]) -> tuple[dict, list[dict]]:
-    """``vs_idiom`` (jaxfeed's samples/s over its idiom's at the same worker
+    """The decode workload's ``vs_idiom`` (jaxfeed's samples/s over its idiom's at the same worker
     count, by backend then workers) and ``speedup_2_vs_1`` (samples/s with 2
     workers over 1, by backend then pipeline), and the targets checked on them
     (one dict each: ``target``, ``row``, ``value``, ``limit``, ``met``)."""
@@ -40,12 +42,12 @@ def ratios_and_targets(rows: list[dict]) -> tuple[dict, list[dict]]:
             ratio = value / idiom
             ratios["vs_idiom"].setdefault(backend, {})[str(workers)] = ratio
             targets.append(
-                dict(
-                    target=f"within {WITHIN}x of its framework's idiom at the same workers",
-                    row=f"{backend} jaxfeed workers={workers}",
-                    value=ratio,
-                    limit=1 / WITHIN,
-                    met=ratio >= 1 / WITHIN,
+                target(
+                    f"within {WITHIN}x of its framework's idiom at the same workers",
+                    f"{backend} jaxfeed workers={workers}",
+                    ratio,
+                    1 / WITHIN,
+                    at_most=False,
                 )
             )
     for (backend, pipeline, workers), value in speed.items():
@@ -56,12 +58,12 @@ def ratios_and_targets(rows: list[dict]) -> tuple[dict, list[dict]]:
         ratios["speedup_2_vs_1"].setdefault(backend, {})[pipeline] = ratio
         if pipeline == "jaxfeed" and backend in PROCESS_BASED:
             targets.append(
-                dict(
-                    target=f"process workers: >= {SPEEDUP}x faster with 2 workers than 1",
-                    row=f"{backend} jaxfeed",
-                    value=ratio,
-                    limit=SPEEDUP,
-                    met=ratio >= SPEEDUP,
+                target(
+                    f"process workers: >= {SPEEDUP}x faster with 2 workers than 1",
+                    f"{backend} jaxfeed",
+                    ratio,
+                    SPEEDUP,
+                    at_most=False,
                 )
             )
     return ratios, targets
@@ -118,14 +120,8 @@ def format_report(result: dict[str, Any]) -> str:
         f"{result['machine']['usable_cpus']} usable CPUs; training: {result['model']}",
         "",
     ]
-    table = [[name for name, _ in _COLUMNS]]
-    table += [_cells(row, result["ratios"]) for row in result["rows"]]
-    for cells in table:
-        padded = [
-            c.ljust(w) if i < 2 else c.rjust(w)
-            for i, (c, (_, w)) in enumerate(zip(cells, _COLUMNS, strict=True))
-        ]
-        lines.append("  ".join(padded).rstrip())
+    cells = [_cells(row, result["ratios"]) for row in result["rows"]]
+    lines += fixed_table(_COLUMNS, cells, left=2)
     lines += [
         "",
         "cores: CPU seconds of this process and its workers per wall second; peak MB: "
@@ -137,7 +133,6 @@ def format_report(result: dict[str, Any]) -> str:
         lines.append("")
         lines.append("targets:")
     for t in result["targets"]:
-        verdict = "met   " if t["met"] else "MISSED"
-        lines.append(f"  {verdict} {t['row']}: {t['value']:.2f} (limit {t['limit']:.2f}) "
+        lines.append(f"  {verdict(t)} {t['row']}: {t['value']:.2f} (limit {t['limit']:.2f}) "
                      f"{t['target']}")  # fmt: skip
     return "\n".join(lines)

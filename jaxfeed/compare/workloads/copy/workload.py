@@ -1,10 +1,11 @@
-"""`jaxfeed compare`: every backend on the same work, in one process, interleaved.
+"""``jaxfeed compare`` (``--workload copy``): every backend on the same work,
+beside reference loops.
 
-Each repeat runs every measurement over every backend and baseline in turn
-(A B C A B C ...), so drift on a noisy machine hits all of them alike; the
-result keeps every per-repeat figure beside the medians. See `run` for what
-is measured; `jaxfeed.compare.report` derives the ratios and renders tables
-and plots.
+Rows (`jaxfeed.compare.workloads.copy.rows`): each backend; the in-memory ceiling and each
+framework's tutorial loop (`jaxfeed.compare.workloads.copy.baselines`); each tutorial's
+object through ``wrap`` and under Keras ``fit`` (`jaxfeed.compare.workloads.copy.wrapped`).
+`Copy.measure` says what is measured; `jaxfeed.compare.runner` interleaves
+the rows, and the result keeps every per-repeat figure beside the medians.
 """
 
 from __future__ import annotations
@@ -26,12 +27,14 @@ from typing import Any
 
 import jax
 import numpy as np
-from tqdm import tqdm  # not tqdm.auto: it warns in Jupyter without ipywidgets
 
 from jaxfeed import loaders
-from jaxfeed.compare import baselines, wrapped
-from jaxfeed.compare.report import ratios_and_targets
-from jaxfeed.compare.rows import Limited, Row
+from jaxfeed.compare.processes import SelfPeak
+from jaxfeed.compare.runner import medians
+from jaxfeed.compare.training import Limited
+from jaxfeed.compare.workloads.copy import baselines, wrapped
+from jaxfeed.compare.workloads.copy.report import ratios_and_targets
+from jaxfeed.compare.workloads.copy.rows import Row
 from jaxfeed.loaders.data.cache import CACHE_ENV
 from jaxfeed.loaders.protocol import MASK_KEY
 from jaxfeed.mnist.train import TrainConfig, train
@@ -51,8 +54,8 @@ MEMORY_NOTE = (
 
 
 @dataclasses.dataclass(frozen=True)
-class CompareConfig:
-    """What `run` measures; the fields mirror the ``jaxfeed compare`` flags."""
+class CopyConfig:
+    """What the copy workload measures; the fields mirror the ``jaxfeed compare`` flags."""
 
     backends: tuple[str, ...]
     dataset: str = "mnist-sample"
@@ -117,38 +120,7 @@ def _first_batch(make: Callable[[], Any]) -> float:
     return seconds
 
 
-def _status_kb(field: str) -> int:
-    match = re.search(rf"^{field}:\s+(\d+) kB", Path("/proc/self/status").read_text(), re.M)
-    assert match, field
-    return int(match.group(1))
-
-
-class _Memory:
-    """Per-row peak RSS on Linux: VmHWM, reset through /proc/self/clear_refs."""
-
-    def __init__(self) -> None:
-        try:
-            Path("/proc/self/clear_refs").write_text("5")
-            self.supported = True
-        except OSError:
-            self.supported = False
-
-    @contextlib.contextmanager
-    def track(self, figures: dict[str, float]) -> Iterator[None]:
-        """Records the peak of the work inside into ``figures`` (keeping earlier maxima)."""
-        if not self.supported:
-            yield
-            return
-        Path("/proc/self/clear_refs").write_text("5")  # VmHWM := VmRSS
-        start = _status_kb("VmRSS")
-        yield
-        peak = _status_kb("VmHWM")
-        figures["peak_rss_mb"] = max(figures.get("peak_rss_mb", 0), peak / 1024)
-        increase = max(figures.get("peak_increase_mb", 0), (peak - start) / 1024)
-        figures["peak_increase_mb"] = increase
-
-
-def _build_rows(config: CompareConfig, mesh: jax.sharding.Mesh, memory: _Memory) -> list[Row]:
+def _build_rows(config: CopyConfig, mesh: jax.sharding.Mesh, memory: SelfPeak) -> list[Row]:
     common = dict(
         dataset=config.dataset,
         data_dir=config.data_dir,
@@ -223,34 +195,6 @@ def _build_rows(config: CompareConfig, mesh: jax.sharding.Mesh, memory: _Memory)
     return rows
 
 
-def _measure(row: Row, metric: str, config: CompareConfig, epoch: int, n: int, mesh) -> dict:
-    limit = config.max_batches
-    if metric == "loader":
-        return _rate("loader", *_drain(row.host(epoch), limit, n))
-    if metric == "feed":
-        return _rate("feed", *_drain(row.device(epoch), limit, n))
-    if metric == "train" and row.fit is not None:
-        return row.fit(config.train_epochs, limit)
-    if metric == "train":
-        _, history = train(
-            *row.training,
-            TrainConfig(epochs=config.train_epochs, seed=config.seed),
-            sharding=mesh,
-            progress=False,
-        )
-        steady = history[1:] or history  # epoch 1 includes compiling the step
-        return {
-            "epoch_s": statistics.median(m["seconds"] for m in steady),
-            "data_wait_fraction": statistics.median(m["data_wait_fraction"] for m in steady),
-            "test_accuracy": history[-1]["test_accuracy"],
-            "history": history,
-        }
-    with tempfile.TemporaryDirectory(prefix="jaxfeed-cold-") as empty, _cache_dir(empty):
-        cold = _first_batch(row.first_batch)  # builds the backend's on-disk cache
-        warm = _first_batch(row.first_batch)  # reads it
-    return {"first_batch_cold_s": cold, "first_batch_warm_s": warm}
-
-
 def _supports(row: Row, metric: str) -> bool:
     if metric == "train":
         return row.training is not None or row.fit is not None
@@ -259,69 +203,109 @@ def _supports(row: Row, metric: str) -> bool:
     return row.host is not None
 
 
-def run(config: CompareConfig, mesh: jax.sharding.Mesh, command: list[str]) -> dict[str, Any]:
-    """Runs the comparison and returns everything as one JSON-able dict.
+class Copy:
+    """The copy workload (a `jaxfeed.compare.runner.Workload`).
 
     Per row and repeat: loader-only throughput (one epoch through the loader
     alone), end-to-end throughput (through `DeviceFeed` for backends, through
     ``jax.device_put`` per batch for baselines; the last batch is waited for),
     training (``jaxfeed.mnist.train``; epoch time and data wait are the median of
     epochs 2.., since epoch 1 compiles), and for backends the time to the first
-    batch with an empty (cold) and a filled (warm) cache directory. Wrap rows
-    (`jaxfeed.compare.wrapped`) get the loader and feed measurements here;
-    they and the Keras rows (``model.fit``) train in fresh processes
-    (`jaxfeed.compare.fresh`), whose memory is their own, not tracked here.
+    batch with an empty (cold) and a filled (warm) cache directory. Warm-up
+    rounds read at most `WARMUP_BATCHES` per loader. Wrap rows get the loader
+    and feed measurements here; they and the Keras rows (``model.fit``) train
+    in fresh processes (`jaxfeed.compare.workloads.copy.fresh`), whose memory is their own,
+    not tracked here.
     """
-    started = time.perf_counter()
-    load = _load_average()
-    memory = _Memory()
-    n = len(loaders.load_dataset(config.dataset, "train", data_dir=config.data_dir))
-    rows = _build_rows(config, mesh, memory)
-    tasks = [
-        (r, m, row)
-        for r in range(config.warmup)
-        for m in ("loader", "feed")
-        for row in rows
-        if _supports(row, m)
-    ] + [
-        (config.warmup + r, m, row)
-        for r in range(config.repeats)
-        for m in METRICS
-        for row in rows
-        if _supports(row, m)
-    ]
-    for row in rows:
-        row.runs = [{} for _ in range(config.repeats)]
-    with tqdm(total=len(tasks), desc="compare", disable=not sys.stderr.isatty()) as bar:
-        for round_, metric, row in tasks:
-            bar.set_postfix_str(f"{metric} {row.name}")
-            warm_up = round_ < config.warmup
-            limited = config
-            if warm_up:
-                cap = min(config.max_batches or WARMUP_BATCHES, WARMUP_BATCHES)
-                limited = dataclasses.replace(config, max_batches=cap)
-            elsewhere = metric == "train" and row.fit is not None  # another process
-            with contextlib.nullcontext() if elsewhere else memory.track(row.memory):
-                figures = _measure(row, metric, limited, round_, n, mesh)
-            if not warm_up:
-                row.runs[round_ - config.warmup].update(figures)
-            bar.update()
-    result = _report(config, mesh, command, rows, time.perf_counter() - started, memory)
-    result["machine"]["load_average"] = {"start": load, "end": _load_average()}
-    return result
 
+    name = "compare"
 
-def _load_average() -> list[float] | None:
-    """1, 5 and 15 minute load averages: other work on the machine skews every figure."""
-    try:
-        return [round(x, 2) for x in os.getloadavg()]
-    except OSError:
-        return None
+    def __init__(self, config: CopyConfig, mesh: jax.sharding.Mesh):
+        self.config, self.mesh = config, mesh
+        self.warmup, self.repeats = config.warmup, config.repeats
+        self.memory = SelfPeak()
+        data = loaders.load_dataset(config.dataset, "train", data_dir=config.data_dir)
+        self.examples = len(data)
 
+    def rows(self) -> list[Row]:
+        return _build_rows(self.config, self.mesh, self.memory)
 
-def _median_figures(runs: list[dict[str, Any]]) -> dict[str, float]:
-    keys = [k for k, v in runs[0].items() if isinstance(v, int | float)]
-    return {k: float(statistics.median(run[k] for run in runs)) for k in keys}
+    def schedule(self, rows: list[Row], warm_up: bool) -> list[tuple[str, Row]]:
+        metrics = ("loader", "feed") if warm_up else METRICS
+        return [(m, row) for m in metrics for row in rows if _supports(row, m)]
+
+    def measure(self, row: Row, metric: str, round_: int, warm_up: bool) -> dict[str, Any]:
+        config = self.config
+        if warm_up:
+            cap = min(config.max_batches or WARMUP_BATCHES, WARMUP_BATCHES)
+            config = dataclasses.replace(config, max_batches=cap)
+        elsewhere = metric == "train" and row.fit is not None  # another process
+        with contextlib.nullcontext() if elsewhere else self.memory.track(row.memory):
+            return self._measure(row, metric, config, epoch=round_)
+
+    def _measure(self, row: Row, metric: str, config: CopyConfig, epoch: int) -> dict[str, Any]:
+        limit, n = config.max_batches, self.examples
+        if metric == "loader":
+            return _rate("loader", *_drain(row.host(epoch), limit, n))
+        if metric == "feed":
+            return _rate("feed", *_drain(row.device(epoch), limit, n))
+        if metric == "train" and row.fit is not None:
+            return row.fit(config.train_epochs, limit)
+        if metric == "train":
+            _, history = train(
+                *row.training,
+                TrainConfig(epochs=config.train_epochs, seed=config.seed),
+                sharding=self.mesh,
+                progress=False,
+            )
+            steady = history[1:] or history  # epoch 1 includes compiling the step
+            return {
+                "epoch_s": statistics.median(m["seconds"] for m in steady),
+                "data_wait_fraction": statistics.median(m["data_wait_fraction"] for m in steady),
+                "test_accuracy": history[-1]["test_accuracy"],
+                "history": history,
+            }
+        with tempfile.TemporaryDirectory(prefix="jaxfeed-cold-") as empty, _cache_dir(empty):
+            cold = _first_batch(row.first_batch)  # builds the backend's on-disk cache
+            warm = _first_batch(row.first_batch)  # reads it
+        return {"first_batch_cold_s": cold, "first_batch_warm_s": warm}
+
+    def result(self, rows: list[Row], command: list[str], seconds: float) -> dict[str, Any]:
+        def entry(row: Row) -> dict[str, Any]:
+            figures = dict(kind=row.kind, framework=row.framework, description=row.description)
+            return figures | dict(runs=row.runs, median=medians(row.runs), memory=row.memory)
+
+        config = self.config
+        backends = {r.name: entry(r) for r in rows if r.kind == "backend"}
+        base = {r.name: entry(r) for r in rows if r.kind == "baseline"}
+        wrap = {r.name: entry(r) | {"bare": r.bare} for r in rows if r.kind in ("wrap", "keras")}
+        ratios, targets = ratios_and_targets(backends, base, wrap)
+        train_data = loaders.load_dataset(config.dataset, "train", data_dir=config.data_dir)
+        test_data = loaders.load_dataset(config.dataset, "test", data_dir=config.data_dir)
+        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
+        dataset = {
+            "name": train_data.name.rsplit("/", 1)[0],
+            "train_examples": len(train_data),
+            "test_examples": len(test_data),
+            "image_shape": list(train_data["image"].shape[1:]),
+        }
+        versions = {"loaders": loaders.available(), "jax": jax.__version__, "numpy": np.__version__}
+        return {
+            "command": command,
+            "config": dataclasses.asdict(config),
+            "dataset": dataset,
+            "versions": versions,
+            "machine": _machine(self.mesh),
+            "backends": backends,
+            "baselines": base,
+            "wrapped": wrap,
+            "ratios": ratios,
+            "targets": targets,
+            "memory_per_row": self.memory.supported,
+            "memory_note": MEMORY_NOTE,
+            "process_peak_rss_mb": rss / (1 << 20 if sys.platform == "darwin" else 1024),
+            "total_seconds": seconds,
+        }
 
 
 def _machine(mesh: jax.sharding.Mesh) -> dict[str, Any]:
@@ -343,41 +327,4 @@ def _machine(mesh: jax.sharding.Mesh) -> dict[str, Any]:
         "jax_backend": jax.default_backend(),
         "jax_devices": [str(d) for d in jax.devices()],
         "mesh_devices": [str(d) for d in mesh.devices.ravel()],
-    }
-
-
-def _report(config, mesh, command, rows: list[Row], seconds: float, memory: _Memory) -> dict:
-    def entry(row: Row) -> dict[str, Any]:
-        figures = dict(kind=row.kind, framework=row.framework, description=row.description)
-        return figures | dict(runs=row.runs, median=_median_figures(row.runs), memory=row.memory)
-
-    backends = {r.name: entry(r) for r in rows if r.kind == "backend"}
-    base = {r.name: entry(r) for r in rows if r.kind == "baseline"}
-    wrap = {r.name: entry(r) | {"bare": r.bare} for r in rows if r.kind in ("wrap", "keras")}
-    ratios, targets = ratios_and_targets(backends, base, wrap)
-    train_data = loaders.load_dataset(config.dataset, "train", data_dir=config.data_dir)
-    test_data = loaders.load_dataset(config.dataset, "test", data_dir=config.data_dir)
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
-    dataset = {
-        "name": train_data.name.rsplit("/", 1)[0],
-        "train_examples": len(train_data),
-        "test_examples": len(test_data),
-        "image_shape": list(train_data["image"].shape[1:]),
-    }
-    versions = {"loaders": loaders.available(), "jax": jax.__version__, "numpy": np.__version__}
-    return {
-        "command": command,
-        "config": dataclasses.asdict(config),
-        "dataset": dataset,
-        "versions": versions,
-        "machine": _machine(mesh),
-        "backends": backends,
-        "baselines": base,
-        "wrapped": wrap,
-        "ratios": ratios,
-        "targets": targets,
-        "memory_per_row": memory.supported,
-        "memory_note": MEMORY_NOTE,
-        "process_peak_rss_mb": rss / (1 << 20 if sys.platform == "darwin" else 1024),
-        "total_seconds": seconds,
     }

@@ -3,9 +3,10 @@
 The ``digits-png`` split (PNG-encoded 64x64 RGB digits) read through every
 jaxfeed backend with its default transform, `encoded.augment` (decode, random
 resized crop, flip, normalise), at each worker count, each beside its
-framework's own pipeline doing the same work (`decode_idioms`). Rows are
-measured in turn within each repeat (A B C A B C ...), a jaxfeed row right
-before its idiom at the same worker count, so drift hits both alike.
+framework's own pipeline doing the same work (`idioms`). Rows are measured
+in turn within each repeat (A B C A B C ..., `jaxfeed.compare.runner`), a
+jaxfeed row right before its idiom at the same worker count, so drift hits
+both alike.
 
 One measurement of a row opens a fresh pipeline and reads it as one endless
 stream of batches: time to the first batch; `LEAD_IN` untimed batches (every
@@ -25,22 +26,23 @@ import os
 import platform
 import statistics
 import sys
-import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from tqdm import tqdm  # not tqdm.auto: it warns in Jupyter without ipywidgets
 
 from jaxfeed import loaders
-from jaxfeed.compare import decode_idioms, processes, rows
-from jaxfeed.compare.decode_idioms import IDIOMS, Records
-from jaxfeed.compare.decode_report import ratios_and_targets
+from jaxfeed.compare import processes, training
+from jaxfeed.compare.runner import medians
+from jaxfeed.compare.workloads.decode import idioms
+from jaxfeed.compare.workloads.decode.idioms import IDIOMS, Records
+from jaxfeed.compare.workloads.decode.report import ratios_and_targets
+from jaxfeed.compare.workloads.decode.rows import IdiomOpened, JaxfeedOpened, Pipeline
 from jaxfeed.loaders.data import encoded
-from jaxfeed.loaders.protocol import MASK_KEY, ArraySpec, Batch
+from jaxfeed.loaders.protocol import MASK_KEY, Batch
 from jaxfeed.loop import batch_mask, fit
 
 DATASET = "digits-png"
@@ -51,7 +53,7 @@ LEARNING_RATE = 0.005
 
 @dataclasses.dataclass(frozen=True)
 class DecodeConfig:
-    """What `run` measures; the fields mirror the ``jaxfeed compare`` flags."""
+    """What `Decode` measures; the fields mirror the ``jaxfeed compare`` flags."""
 
     backends: tuple[str, ...]
     workers: tuple[int, ...] = (0, 1, 2)
@@ -63,90 +65,6 @@ class DecodeConfig:
     train_epochs: int = 2
     max_batches: int | None = None
     idioms: bool = True
-
-
-@dataclasses.dataclass
-class Pipeline:
-    """One row: a jaxfeed backend or a framework's idiom at one worker count."""
-
-    backend: str
-    name: str  # "jaxfeed" or the idiom's name
-    workers: int | str
-    description: str
-    open: Callable[[], Any]  # -> an opened pipeline: ``stream``, ``training``, ``close``
-    runs: list[dict[str, Any]] = dataclasses.field(default_factory=list)
-
-    @property
-    def kind(self) -> str:
-        return "jaxfeed" if self.name == "jaxfeed" else "idiom"
-
-
-class _JaxfeedOpened:
-    """A `loaders.make` source read epoch after epoch; training reads the
-    source itself, as `jaxfeed.fit` users do."""
-
-    def __init__(self, source: loaders.BatchSource):
-        self.source = source
-        self.stream = self._epochs()
-
-    def _epochs(self) -> Iterator[Batch]:
-        for epoch in itertools.count():
-            yield from self.source.iter_epoch(epoch)  # closing this closes the epoch's
-
-    def training(self, limit: int | None) -> loaders.BatchSource:
-        self.stream.close()
-        return rows.Limited(self.source, limit)
-
-    def close(self) -> None:
-        self.stream.close()
-        close = getattr(self.source, "close", None)  # sources with workers stop them
-        if close is not None:
-            close()
-
-
-class _IdiomOpened:
-    """An idiom's stream; training continues it through `_StreamSource`."""
-
-    def __init__(self, stream: Iterator[Batch], batch_size: int, num_batches: int):
-        self.stream, self.batch_size, self.num_batches = stream, batch_size, num_batches
-
-    def training(self, limit: int | None) -> _StreamSource:
-        epoch = self.num_batches if limit is None else min(limit, self.num_batches)
-        return _StreamSource(self.stream, self.batch_size, epoch)
-
-    def close(self) -> None:
-        self.stream.close()
-
-
-class _StreamSource:
-    """A `BatchSource` whose every epoch is the next ``num_batches`` batches of
-    one stream (an idiom's own epochs run back to back), a short batch padded
-    and masked as jaxfeed's are, so `fit` trains on idioms and jaxfeed alike."""
-
-    def __init__(self, stream: Iterator[Batch], batch_size: int, num_batches: int):
-        self.stream, self.batch_size, self.num_batches = stream, batch_size, num_batches
-        side = encoded.CROP
-        self.element_spec = {
-            "image": ArraySpec((batch_size, side, side, 3), np.dtype(np.float32)),
-            "label": ArraySpec((batch_size,), np.dtype(np.int32)),
-            MASK_KEY: ArraySpec((batch_size,), np.dtype(np.bool_)),
-        }
-        self._lock = threading.Lock()  # a closed feed's thread may still be inside next()
-
-    def iter_epoch(self, epoch: int = 0, *, start: int = 0) -> Iterator[Batch]:
-        for _ in range(start, self.num_batches):
-            with self._lock:
-                batch = next(self.stream)
-            yield _padded(batch, self.batch_size)
-
-
-def _padded(batch: Batch, size: int) -> Batch:
-    rows_ = len(batch["label"])
-    mask = np.arange(size) < rows_
-    if rows_ == size:
-        return {**batch, MASK_KEY: mask}
-    pad = {k: np.zeros((size - rows_, *v.shape[1:]), v.dtype) for k, v in batch.items()}
-    return {k: np.concatenate([v, pad[k]]) for k, v in batch.items()} | {MASK_KEY: mask}
 
 
 def pipelines(config: DecodeConfig, records: Records) -> list[Pipeline]:
@@ -167,16 +85,16 @@ def pipelines(config: DecodeConfig, records: Records) -> list[Pipeline]:
             if k in config.workers:
                 options = {"num_workers": k} if k else {}  # 0: the backend's default
 
-                def make(backend=backend, options=options) -> _JaxfeedOpened:
-                    return _JaxfeedOpened(loaders.make(backend, **common, **options))
+                def make(backend=backend, options=options) -> JaxfeedOpened:
+                    return JaxfeedOpened(loaders.make(backend, **common, **options))
 
                 what = f"jaxfeed.make({backend!r}, dataset={DATASET!r}, num_workers={k})"
                 out.append(Pipeline(backend, "jaxfeed", k, what, make))
             if k in counts:
 
-                def run_idiom(idiom=idiom, k=k) -> _IdiomOpened:
+                def run_idiom(idiom=idiom, k=k) -> IdiomOpened:
                     stream = idiom.stream(records, config.batch_size, config.seed, k)
-                    return _IdiomOpened(stream, config.batch_size, per_epoch)
+                    return IdiomOpened(stream, config.batch_size, per_epoch)
 
                 out.append(Pipeline(backend, idiom.name, k, idiom.description, run_idiom))
     return out
@@ -232,7 +150,7 @@ def _step(params: dict, batch: dict) -> tuple[dict, dict]:
 
 
 def _train(source: Any, config: DecodeConfig, mesh: jax.sharding.Mesh) -> dict[str, float]:
-    epochs = rows.trained_epochs(config.train_epochs)
+    epochs = training.trained_epochs(config.train_epochs)
     # Quiet (the table is this command's output); a diverging loss must not
     # end a measurement of the loader.
     result = fit(
@@ -246,7 +164,7 @@ def _train(source: Any, config: DecodeConfig, mesh: jax.sharding.Mesh) -> dict[s
         log_records=False,
         nan_policy="continue",
     )
-    timed = rows.steady(result.history, config.train_epochs)  # epoch 1 compiles
+    timed = training.steady(result.history, config.train_epochs)  # epoch 1 compiles
     return {
         "epoch_s": statistics.median(m["seconds"] for m in timed),
         "train_samples_per_s": statistics.median(m["samples_per_second"] for m in timed),
@@ -286,8 +204,8 @@ def _measure(
     return figures
 
 
-def run(config: DecodeConfig, mesh: jax.sharding.Mesh, command: list[str]) -> dict[str, Any]:
-    """Runs the decode comparison; returns every figure as one JSON-able dict.
+class Decode:
+    """The decode workload (a `jaxfeed.compare.runner.Workload`).
 
     Per row and repeat: ``first_batch_s`` (a fresh pipeline, workers
     started); over one epoch of batches (or ``max_batches``) after
@@ -295,56 +213,66 @@ def run(config: DecodeConfig, mesh: jax.sharding.Mesh, command: list[str]) -> di
     process and its workers per wall second); ``data_wait_fraction`` and
     ``epoch_s`` of training (``train_epochs > 0``); ``peak_mb`` (this
     process's peak RSS plus each worker's, see `processes.PeakMemory`).
+    A warm-up round (imports, caches, compiles) opens each row and reads
+    its first batch, untimed.
     """
-    started, load = time.perf_counter(), _load_average()
-    data = loaders.load_dataset(DATASET, "train", data_dir=config.data_dir)
-    records = Records.of(data)
-    per_epoch = math.ceil(len(records) / config.batch_size)
-    batches = per_epoch if config.max_batches is None else min(config.max_batches, per_epoch)
-    table = pipelines(config, records)
-    tasks = [(r, row) for r in range(config.warmup + config.repeats) for row in table]
-    with tqdm(total=len(tasks), desc="decode", disable=not sys.stderr.isatty()) as bar:
-        for round_, row in tasks:
-            bar.set_postfix_str(f"{row.backend} {row.name} w={row.workers}")
-            if round_ < config.warmup:  # imports, caches, compiles: untimed
-                _measure(row, config, 0, None)
-            else:
-                training = mesh if config.train_epochs else None
-                row.runs.append(_measure(row, config, batches, training))
-            bar.update()
-    result_rows = [_entry(row) for row in table]
-    ratios, targets = ratios_and_targets(result_rows)
-    sizes = np.diff(data["png"].offsets)
-    return {
-        "workload": "decode",
-        "command": command,
-        "config": dataclasses.asdict(config),
-        "dataset": {
-            "name": data.name,
-            "train_examples": len(records),
-            "stored": f"{encoded.SIZE}x{encoded.SIZE} RGB PNG, {sizes.mean():.0f} bytes mean",
-            "output": {"image": [encoded.CROP, encoded.CROP, 3], "dtype": "float32"},
-            "transform": "loaders.data.encoded.augment",
-        },
-        "timed_batches": batches,
-        "lead_in_batches": min(LEAD_IN, batches),
-        "versions": {"loaders": loaders.available(), "jax": jax.__version__},
-        "machine": {
-            "cpu_count": os.cpu_count(),
-            "usable_cpus": _usable_cpus(),
-            "platform": platform.platform(),
-            "python": sys.version.split()[0],
-            "jax_devices": [str(d) for d in mesh.devices.ravel()],
-            # Other work on the machine skews every figure.
-            "load_average": {"start": load, "end": _load_average()},
-        },
-        "rows": result_rows,
-        "ratios": ratios,
-        "targets": targets,
-        "model": f"fit: MLP {encoded.CROP * encoded.CROP * 3}-{HIDDEN}-10, SGD",
-        "notes": NOTES,
-        "total_seconds": time.perf_counter() - started,
-    }
+
+    name = "decode"
+
+    def __init__(self, config: DecodeConfig, mesh: jax.sharding.Mesh):
+        self.config, self.mesh = config, mesh
+        self.warmup, self.repeats = config.warmup, config.repeats
+        self.data = loaders.load_dataset(DATASET, "train", data_dir=config.data_dir)
+        self.records = Records.of(self.data)
+        per_epoch = math.ceil(len(self.records) / config.batch_size)
+        limit = config.max_batches
+        self.batches = per_epoch if limit is None else min(limit, per_epoch)
+
+    def rows(self) -> list[Pipeline]:
+        return pipelines(self.config, self.records)
+
+    def schedule(self, rows: list[Pipeline], warm_up: bool) -> list[tuple[str, Pipeline]]:
+        return [("pipeline", row) for row in rows]
+
+    def measure(self, row: Pipeline, what: str, round_: int, warm_up: bool) -> dict[str, float]:
+        if warm_up:
+            return _measure(row, self.config, 0, None)
+        training = self.mesh if self.config.train_epochs else None
+        return _measure(row, self.config, self.batches, training)
+
+    def result(self, rows: list[Pipeline], command: list[str], seconds: float) -> dict[str, Any]:
+        config, data = self.config, self.data
+        result_rows = [_entry(row) for row in rows]
+        ratios, targets = ratios_and_targets(result_rows)
+        sizes = np.diff(data["png"].offsets)
+        return {
+            "workload": "decode",
+            "command": command,
+            "config": dataclasses.asdict(config),
+            "dataset": {
+                "name": data.name,
+                "train_examples": len(self.records),
+                "stored": f"{encoded.SIZE}x{encoded.SIZE} RGB PNG, {sizes.mean():.0f} bytes mean",
+                "output": {"image": [encoded.CROP, encoded.CROP, 3], "dtype": "float32"},
+                "transform": "loaders.data.encoded.augment",
+            },
+            "timed_batches": self.batches,
+            "lead_in_batches": min(LEAD_IN, self.batches),
+            "versions": {"loaders": loaders.available(), "jax": jax.__version__},
+            "machine": {
+                "cpu_count": os.cpu_count(),
+                "usable_cpus": _usable_cpus(),
+                "platform": platform.platform(),
+                "python": sys.version.split()[0],
+                "jax_devices": [str(d) for d in self.mesh.devices.ravel()],
+            },
+            "rows": result_rows,
+            "ratios": ratios,
+            "targets": targets,
+            "model": f"fit: MLP {encoded.CROP * encoded.CROP * 3}-{HIDDEN}-10, SGD",
+            "notes": NOTES,
+            "total_seconds": seconds,
+        }
 
 
 NOTES = {
@@ -359,15 +287,8 @@ NOTES = {
     "waiting for the next batch; idioms train through a BatchSource over their own stream",
     "first_batch_s": "from building a fresh pipeline (the split already in memory) to its "
     "first batch, worker start included",
-    "tf-data": f"native ops; workers={decode_idioms.AUTO!r} is num_parallel_calls=AUTOTUNE",
+    "tf-data": f"native ops; workers={idioms.AUTO!r} is num_parallel_calls=AUTOTUNE",
 }
-
-
-def _load_average() -> list[float] | None:
-    try:
-        return [round(x, 2) for x in os.getloadavg()]
-    except OSError:
-        return None
 
 
 def _usable_cpus() -> int | None:
@@ -379,8 +300,6 @@ def _usable_cpus() -> int | None:
 
 
 def _entry(row: Pipeline) -> dict[str, Any]:
-    numeric = [k for k, v in row.runs[0].items() if isinstance(v, int | float)] if row.runs else []
-    median = {k: float(statistics.median(r[k] for r in row.runs)) for k in numeric}
     return {
         "backend": row.backend,
         "pipeline": row.name,
@@ -388,5 +307,5 @@ def _entry(row: Pipeline) -> dict[str, Any]:
         "workers": row.workers,
         "description": row.description,
         "runs": row.runs,
-        "median": median,
+        "median": medians(row.runs),
     }

@@ -16,7 +16,7 @@ import pytest
 
 from jaxfeed.cli import main
 from jaxfeed.compare import processes
-from jaxfeed.compare.decode_report import format_report
+from jaxfeed.compare.workloads.decode.report import format_report
 
 BATCH, BATCHES = 32, 3
 # A child that burns CPU for a while, then holds 200 MB until it is killed.

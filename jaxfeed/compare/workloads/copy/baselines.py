@@ -21,6 +21,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from jaxfeed import loaders
 from jaxfeed.loaders.protocol import ArraySpec, Batch, BatchSource
 
 EpochFn = Callable[[int], Iterator[Batch]]
@@ -48,6 +49,12 @@ class Baseline:
     batches: EpochFn
     placed: Callable[[int], Iterator[dict[str, jax.Array]]] | None = None
     obj: Any = None
+
+    def wrap(self, batch_size: int, **options: Any) -> BatchSource:
+        """``loaders.wrap`` of the loop's object, as a user would call it."""
+        if self.framework == "hf":  # a datasets.Dataset is a table of rows
+            options["batch_size"] = batch_size
+        return loaders.wrap(self.obj, **options)
 
     def device_batches(self, epoch: int) -> Iterator[dict[str, jax.Array]]:
         if self.placed is not None:

@@ -6,9 +6,9 @@ may be too late for JAX. So each Keras ``fit`` runs in a new process with
 ``KERAS_BACKEND=jax``, and so does each jaxfeed run it is compared with,
 under the same conditions: same environment, a fresh interpreter, one
 device (Keras's default), the loader object built by the same code
-(`jaxfeed.compare.baselines`) from the same data, batch size and seed.
+(`jaxfeed.compare.workloads.copy.baselines`) from the same data, batch size and seed.
 
-The parent calls `measure`; the child is ``python -m jaxfeed.compare.fresh
+The parent calls `measure`; the child is ``python -m jaxfeed.compare.workloads.copy.fresh
 SPEC OUT``, which writes its figures to the JSON file ``OUT``.
 """
 
@@ -120,19 +120,15 @@ def _jaxfeed(loop: Any, test: Any, what: dict[str, Any]) -> dict[str, Any]:
     """``jaxfeed.mnist.train`` on ``loaders.wrap(loop.obj)``, as a user would call it."""
     import jax
 
-    from jaxfeed import loaders
-    from jaxfeed.compare import rows
-    from jaxfeed.compare.rows import Limited
+    from jaxfeed.compare import training
+    from jaxfeed.compare.training import Limited
     from jaxfeed.mnist.train import TrainConfig, evaluate, train
     from jaxfeed.sharding import data_mesh
 
-    batch_size, limit = what["batch_size"], what["max_batches"]
-    # A datasets.Dataset is a table of rows: wrap needs the batch size.
-    options = {"batch_size": batch_size} if what["framework"] == "hf" else {}
-    source = Limited(loaders.wrap(loop.obj, **options), limit)
+    source = Limited(loop.wrap(what["batch_size"]), what["max_batches"])
     mesh = data_mesh(jax.devices()[:1])
     k = what["steps_per_transfer"]
-    epochs = rows.trained_epochs(what["epochs"])
+    epochs = training.trained_epochs(what["epochs"])
     config = TrainConfig(epochs=epochs, seed=what["seed"], steps_per_transfer=k)
     ends = [time.process_time()]  # CPU time, all threads, at each epoch's end
     # The test split is evaluated once, after training, as Keras's is.
@@ -146,7 +142,7 @@ def _jaxfeed(loop: Any, test: Any, what: dict[str, Any]) -> dict[str, Any]:
     )
     for metrics, begin, end in zip(history, ends[:-1], ends[1:], strict=True):
         metrics["cpu_s"] = end - begin
-    timed = rows.steady(history, what["epochs"])
+    timed = training.steady(history, what["epochs"])
     return {
         "epoch_s": statistics.median(m["seconds"] for m in timed),
         "epoch_cpu_s": statistics.median(m["cpu_s"] for m in timed),
@@ -159,15 +155,13 @@ def _jaxfeed(loop: Any, test: Any, what: dict[str, Any]) -> dict[str, Any]:
 
 def _keras_source(loop: Any, what: dict[str, Any], rows: int) -> Any:
     """``loaders.wrap(loop.obj)`` for `jaxfeed.keras_data`, as a Keras user would call it."""
-    from jaxfeed import loaders
-    from jaxfeed.compare.rows import Limited
+    from jaxfeed.compare.training import Limited
     from jaxfeed.loaders.protocol import SkipsDataState
 
     size = what["batch_size"]
-    options = {"batch_size": size} if what["framework"] == "hf" else {}
-    source = loaders.wrap(loop.obj, **options)
+    source = loop.wrap(size)
     if source.num_batches is None:  # a Grain IterDataset: keras_data asks for its length
-        source = loaders.wrap(loop.obj, steps_per_epoch=-(-rows // size), **options)
+        source = loop.wrap(size, steps_per_epoch=-(-rows // size))
     if isinstance(source, SkipsDataState):  # as keras_data reads it; Limited would hide it
         source = source.without_data_state()
     return Limited(source, what["max_batches"])
@@ -175,8 +169,8 @@ def _keras_source(loop: Any, what: dict[str, Any], rows: int) -> Any:
 
 def _run(what: dict[str, Any]) -> dict[str, Any]:
     from jaxfeed import loaders
-    from jaxfeed.compare import baselines, keras_fit
-    from jaxfeed.compare.rows import Limited
+    from jaxfeed.compare.training import Limited
+    from jaxfeed.compare.workloads.copy import baselines, keras_fit
 
     if what["side"] != "jaxfeed":
         keras_fit.import_keras()  # before a framework imports tensorflow

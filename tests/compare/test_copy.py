@@ -17,7 +17,7 @@ from jaxfeed.loaders.frameworks.tf import import_tensorflow
 
 from jaxfeed import loaders
 from jaxfeed.cli import main
-from jaxfeed.compare.report import format_report
+from jaxfeed.compare.workloads.copy.report import format_report
 
 # Subprocesses, kills and whole training runs: the full suite (CI) runs it, the
 # quick tier (-m "not slow") does not.
@@ -235,14 +235,14 @@ def test_no_wrap_and_no_keras_skip_their_rows(flag, rows, tmp_path):
     ],
 )
 def test_a_bad_fresh_spec_is_refused_before_any_process(side, framework, match):
-    from jaxfeed.compare import fresh
+    from jaxfeed.compare.workloads.copy import fresh
 
     with pytest.raises(ValueError, match=match):
         fresh.spec(side, framework, **FRESH)
 
 
 def test_a_failed_fresh_process_names_itself_and_its_error():
-    from jaxfeed.compare import fresh
+    from jaxfeed.compare.workloads.copy import fresh
 
     what = fresh.spec("jaxfeed", "torch", **(FRESH | {"dataset": "no-such-dataset"}))
     with pytest.raises(RuntimeError) as caught:
@@ -253,7 +253,7 @@ def test_a_failed_fresh_process_names_itself_and_its_error():
 
 
 def test_a_stuck_fresh_process_is_stopped():
-    from jaxfeed.compare import fresh
+    from jaxfeed.compare.workloads.copy import fresh
 
     with pytest.raises(RuntimeError, match=r"on the tf loader did not finish in 0.5 s"):
         fresh.measure(fresh.spec("keras", "tf", **FRESH), timeout=0.5)

@@ -1,13 +1,13 @@
 """Rows for a user's own loader: through `loaders.wrap`, and under Keras ``fit``.
 
 For each framework the user object is the one its tutorial loop iterates
-(`jaxfeed.compare.baselines`), so four rows see the same object: the
+(`jaxfeed.compare.workloads.copy.baselines`), so four rows see the same object: the
 tutorial row (bare), ``wrap-<framework>`` (``loaders.wrap(obj)``: loader
 alone and through `DeviceFeed` in this process, then ``jaxfeed.mnist.train``),
 ``keras-fit-<framework>`` (Keras 3 ``model.fit(obj)`` on the JAX backend) and
 ``keras-fit-jaxfeed-<framework>`` (``model.fit(jaxfeed.keras_data(wrap(obj)))``).
 The trainings run in fresh processes under the same conditions
-(`jaxfeed.compare.fresh`), so Keras is always on JAX.
+(`jaxfeed.compare.workloads.copy.fresh`), so Keras is always on JAX.
 """
 
 from __future__ import annotations
@@ -17,18 +17,10 @@ from typing import Any
 
 import jax
 
-from jaxfeed import loaders
-from jaxfeed.compare import fresh
-from jaxfeed.compare.baselines import Baseline
-from jaxfeed.compare.rows import Row
+from jaxfeed.compare.workloads.copy import fresh
+from jaxfeed.compare.workloads.copy.baselines import Baseline
+from jaxfeed.compare.workloads.copy.rows import Row
 from jaxfeed.sharding import DeviceFeed
-
-
-def wrap_source(loop: Baseline, batch_size: int) -> loaders.BatchSource:
-    """``loaders.wrap`` of the loop's object, as a user would call it."""
-    # A datasets.Dataset is a table of rows: wrap needs the batch size.
-    options = {"batch_size": batch_size} if loop.framework == "hf" else {}
-    return loaders.wrap(loop.obj, **options)
 
 
 def rows(
@@ -60,7 +52,7 @@ def rows(
             bare=loop.name,
         )
         with track(row.memory):
-            source = wrap_source(loop, settings["batch_size"])
+            source = loop.wrap(settings["batch_size"])
         row.host = source.iter_epoch
         row.device = lambda e, s=source: DeviceFeed(s, mesh, epoch=e)
         row.fit = _fit("jaxfeed", loop.framework, settings)
