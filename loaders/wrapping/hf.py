@@ -1,7 +1,8 @@
 """Hugging Face `datasets` for `wrap`: a ``Dataset`` (a table) or an ``IterableDataset``.
 
 A ``Dataset`` is read in the shared sampler's order, rows gathered per index
-batch in numpy format with the stored dtypes. An ``IterableDataset`` keeps
+batch in numpy format with the stored dtypes, or through its own formatting
+transform (``set_transform`` / ``with_transform``) when it has one. An ``IterableDataset`` keeps
 its own order: ``state_dict()`` / ``load_state_dict()`` after every batch,
 with ``set_epoch`` first; with a shuffle buffer, whose rows that state does
 not hold, the epoch's start and the batches read again. On several processes
@@ -10,6 +11,8 @@ each reads its share from ``datasets.distributed.split_dataset_by_node``.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -20,6 +23,7 @@ from jaxfeed.loaders.wrapping.random_access import (
     RandomAccess,
     sampled_epochs,
 )
+from jaxfeed.loaders.wrapping.seeded import seeded_globals
 from jaxfeed.loaders.wrapping.streams import (
     IterCursor,
     own_order,
@@ -31,26 +35,58 @@ def wrap_table(dataset: Any, settings: WrapSettings, columns: Any = None) -> Epo
     """A ``datasets.Dataset``, in the shared sampler's order."""
     if settings.batch_size is None:
         raise ValueError("a datasets.Dataset is a table of rows; pass batch_size= to batch it")
-    return sampled_epochs("datasets.Dataset", _table_access(dataset, columns), settings)
+    access = _table_access(dataset, columns, settings.seed)
+    return sampled_epochs("datasets.Dataset", access, settings)
 
 
-def _table_access(dataset: Any, columns: Sequence[str] | None) -> RandomAccess:
-    """A ``datasets.Dataset``: rows gathered per index batch, in numpy format
-    with the stored dtypes. A batch of consecutive rows (unshuffled) is read
-    as one slice, ~5x faster than a gather."""
-    # dtype=None keeps the stored dtypes; the numpy formatter otherwise widens
-    # every integer column to int64 (uint8 images: 8x the bytes). datasets 5.2.
-    table = dataset.with_format("numpy", columns=columns, dtype=None)
+def _table_access(dataset: Any, columns: Sequence[str] | None, seed: int) -> RandomAccess:
+    """A ``datasets.Dataset``: rows gathered per index batch. A batch of
+    consecutive rows (unshuffled) is read as one slice, ~5x faster than a
+    gather.
+
+    Without a formatting transform, the rows come in numpy format with the
+    stored dtypes. With one (``set_transform`` / ``with_transform``: the
+    user's augmentation and normalisation), each batch goes through it, with
+    the global generators seeded by the batch (`seeded_globals`), and
+    ``columns`` picks from what it returns.
+    """
+    custom = dataset.format["type"] == "custom"
+    if custom:
+        get = functools.partial(_transformed, dataset, columns)
+    else:
+        # dtype=None keeps the stored dtypes; the numpy formatter otherwise widens
+        # every integer column to int64 (uint8 images: 8x the bytes). datasets 5.2.
+        get = dataset.with_format("numpy", columns=columns, dtype=None).__getitem__
 
     def read(epoch: int, plan: Sequence[np.ndarray]) -> Iterator[Any]:
         for indices in plan:
             first = int(indices[0])
-            if np.array_equal(indices, np.arange(first, first + len(indices))):
-                yield table[first : first + len(indices)]
-            else:
-                yield table[indices.tolist()]
+            consecutive = np.array_equal(indices, np.arange(first, first + len(indices)))
+            rows = slice(first, first + len(indices)) if consecutive else indices.tolist()
+            with seeded_globals(seed, epoch, indices) if custom else contextlib.nullcontext():
+                batch = get(rows)
+            yield batch  # (outside: the seeding is the transform's, not the reader's)
 
     return RandomAccess(len(dataset), _reordered(dataset), read)
+
+
+def _transformed(dataset: Any, columns: Sequence[str] | None, rows: Any) -> dict[str, Any]:
+    """Rows through the dataset's own formatting transform, each returned
+    column made one array (a transform returns lists of per-row arrays or
+    tensors as often as batched ones)."""
+    batch = dataset[rows]
+    if columns is not None:
+        missing = [name for name in columns if name not in batch]
+        if missing:
+            raise ValueError(
+                f"columns={list(columns)}: the dataset's transform returns {sorted(batch)}, "
+                f"not {missing}; pick columns from what it returns"
+            )
+        batch = {name: batch[name] for name in columns}
+    return {
+        name: np.stack([np.asarray(v) for v in value]) if isinstance(value, list) else value
+        for name, value in batch.items()
+    }
 
 
 def _reordered(dataset: Any) -> bool:

@@ -33,7 +33,6 @@ import sys
 import time
 import types
 import warnings
-import zlib
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -53,6 +52,7 @@ from jaxfeed.loaders.wrapping.random_access import (
     read_record,
     sampled_epochs,
 )
+from jaxfeed.loaders.wrapping.seeded import seeded_globals
 from jaxfeed.loaders.wrapping.streams import (
     SHARD_YOURSELF,
     IterCursor,
@@ -211,11 +211,11 @@ class _Rows(list):
 
 class _SeededBatches:
     """The user's map-style dataset and collate function, a batch at a time,
-    in torch's RNG seeded by ``(seed, epoch, the batch's rows)`` and restored
-    after (``torch.random.fork_rng``): a ``__getitem__`` or collate that draws
-    random numbers (an augmentation) draws the same for the same batch in any
-    process, worker or resume, and a new draw every epoch. numpy's and
-    Python's own generators are not seeded here."""
+    with torch's, numpy's and Python's global generators seeded by ``(seed,
+    epoch, the batch's rows)`` and restored after (`seeded_globals`): a
+    ``__getitem__`` or collate that draws random numbers (an augmentation)
+    draws the same for the same batch in any process, worker or resume, and a
+    new draw every epoch."""
 
     def __init__(self, dataset: Any, collate: Callable, seed: int):
         self.dataset, self.collate, self.seed = dataset, collate, seed
@@ -227,14 +227,7 @@ class _SeededBatches:
         return self.dataset[index]
 
     def __getitems__(self, rows: _Rows) -> _Collated:
-        import torch
-
-        rows_bytes = np.asarray(rows, np.int64).tobytes()
-        key = np.random.SeedSequence([self.seed, rows.epoch, zlib.crc32(rows_bytes)])
-        with torch.random.fork_rng(devices=[]):
-            # The CPU generator alone: torch.manual_seed also visits every device
-            # backend (~90 us a batch, twice the rest of a small batch's reading).
-            torch.default_generator.manual_seed(int(key.generate_state(1, np.uint64)[0] >> 1))
+        with seeded_globals(self.seed, rows.epoch, rows):
             getitems = getattr(self.dataset, "__getitems__", None)
             if getitems:
                 records = getitems(list(rows))

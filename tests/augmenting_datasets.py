@@ -1,0 +1,23 @@
+"""Datasets that augment the way hand-written code does, drawing from global
+generators; at module level so spawned DataLoader workers can import them."""
+
+import random
+
+import numpy as np
+import torch
+
+
+class GlobalRandomDataset(torch.utils.data.Dataset):
+    """Row ``i`` plus noise from numpy's global generator and from Python's
+    ``random``: albumentations-style augmentation."""
+
+    def __init__(self, rows: int = 64):
+        self.rows = rows
+
+    def __len__(self) -> int:
+        return self.rows
+
+    def __getitem__(self, i: int) -> dict:
+        noise = np.random.standard_normal(3).astype(np.float32)
+        flip = random.random() < 0.5
+        return {"x": noise + i, "flip": np.int32(flip), "row": np.int32(i)}

@@ -1,0 +1,69 @@
+"""The user's pipeline, exactly as written, is what `wrap` serves: a formatting
+transform of an HF dataset runs, and augmentations drawing from numpy's or
+Python's global generators give the same batches on every re-read, after an
+exact start and with workers, and new draws every epoch."""
+
+import random
+
+import datasets
+import numpy as np
+import pytest
+from augmenting_datasets import GlobalRandomDataset
+from backend_helpers import assert_same_batches
+
+import jaxfeed
+
+
+def _epoch(source, epoch=0, start=0):
+    return list(source.iter_epoch(epoch, start=start))
+
+
+def _assert_reproducible(source):
+    first = _epoch(source)
+    assert_same_batches(_epoch(source), first)  # the same draws on a re-read
+    assert_same_batches(_epoch(source, start=3), first[3:])  # start=3 is batch 3
+    later = _epoch(source, epoch=1)
+    assert any(not np.array_equal(a["x"], b["x"]) for a, b in zip(first, later, strict=True))
+    return first
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_torch_dataset_drawing_from_global_generators_is_reproducible(workers):
+    from torch.utils.data import DataLoader
+
+    loader = DataLoader(GlobalRandomDataset(), batch_size=8, shuffle=True, num_workers=workers)
+    source = jaxfeed.wrap(loader, seed=3)  # (imports JAX, whose import draws from np.random)
+    before = np.random.get_state()[1].copy(), random.getstate()
+    first = _assert_reproducible(source)
+    # The seeding is the batch's only: the program's own global generators go on as before.
+    assert np.array_equal(np.random.get_state()[1], before[0]) and random.getstate() == before[1]
+    rows = np.concatenate([b["row"] for b in first])
+    assert sorted(rows.tolist()) == list(range(64))  # the sampler's order, every row once
+
+
+def _augment(batch):
+    """An image-classification ``with_transform``: normalise, channels first, a
+    random flip from numpy's global generator."""
+    pixels = []
+    for image in batch["image"]:
+        x = np.asarray(image, np.float32).transpose(2, 0, 1) / 255
+        pixels.append(x[..., ::-1] if np.random.random() < 0.5 else x)
+    return {"pixel_values": pixels, "x": [p.sum() for p in pixels], "label": batch["label"]}
+
+
+def test_wrap_of_an_hf_dataset_runs_its_formatting_transform():
+    images = np.random.default_rng(0).integers(0, 256, (64, 4, 4, 3), dtype=np.uint8)
+    table = datasets.Dataset.from_dict({"image": images, "label": np.arange(64)})
+    source = jaxfeed.wrap(table.with_transform(_augment), batch_size=8, seed=0)
+    first = _assert_reproducible(source)
+    assert set(first[0]) == {"pixel_values", "x", "label", "mask"}  # not the raw image
+    assert first[0]["pixel_values"].shape == (8, 3, 4, 4)
+    assert first[0]["pixel_values"].dtype == np.float32 and first[0]["pixel_values"].max() <= 1
+    for batch in first:  # each row's own image, flipped or not
+        for pixels, label in zip(batch["pixel_values"], batch["label"], strict=True):
+            want = images[label].transpose(2, 0, 1) / np.float32(255)
+            assert np.array_equal(pixels, want) or np.array_equal(pixels, want[..., ::-1])
+    picked = jaxfeed.wrap(table.with_transform(_augment), batch_size=8, columns=["label"])
+    assert set(next(iter(picked.iter_epoch(0)))) == {"label", "mask"}
+    with pytest.raises(ValueError, match=r"transform returns \['label', 'pixel_values', 'x'\]"):
+        next(iter(jaxfeed.wrap(table.with_transform(_augment), batch_size=8, columns=["image"])))
