@@ -3,8 +3,9 @@
 Both the tf backend (``tfrecord``, read by ``tf.data``) and the Grain backend's
 ``source="tfds"`` (``array_record``, random access through
 ``tfds.data_source``) read their split from here. The copy is built once
-under ``cache_root()/tfds/`` by `jaxfeed.loaders.data.cache.build_once`, keyed by content,
-and checked against its manifest on every open.
+under ``cache_root()/tfds/`` by `jaxfeed.loaders.data.cache.build_once`, keyed by content
+and by the writing tensorflow-datasets version, and checked against its manifest on
+every open.
 """
 
 from __future__ import annotations
@@ -84,10 +85,35 @@ def import_tensorflow() -> ModuleType:
 
 @functools.cache
 def import_tfds() -> ModuleType:
-    """Imports tensorflow_datasets (after TensorFlow, quietly)."""
+    """Imports tensorflow_datasets (after TensorFlow, quietly).
+
+    Raises:
+      ImportError: tensorflow_datasets failed to import. Its ``__init__``
+        logs its own import error (e.g. protobuf's ``VersionError`` from a
+        tensorflow-metadata built for another protobuf) and returns a module
+        without its API; that logged error is raised here as the cause.
+    """
     import_tensorflow()
-    with quiet_stderr():
-        import tensorflow_datasets as tfds
+    records: list[logging.LogRecord] = []
+    logged = logging.Handler(logging.ERROR)
+    logged.emit = records.append  # its stderr copy stays captured below
+    absl_logger = logging.getLogger("absl")
+    absl_logger.addHandler(logged)
+    try:
+        with quiet_stderr():
+            import tensorflow_datasets as tfds
+    finally:
+        absl_logger.removeHandler(logged)
+    if not hasattr(tfds, "__all__"):  # its __init__ sets __all__ last, if all went well
+        errors = [r.exc_info[1] for r in records if r.exc_info and r.exc_info[1]]
+        cause = errors[-1] if errors else None
+        sys.modules.pop("tensorflow_datasets", None)  # let a fixed install import again
+        raise ImportError(
+            "tensorflow_datasets failed to import"
+            + (f": {type(cause).__name__}: {cause}" if cause else "")
+            + ". Check that tensorflow, tensorflow-datasets, tensorflow-metadata and"
+            " protobuf are versions that work together (constraints.txt pins a tested set)"
+        ) from cause
     return tfds
 
 
@@ -137,7 +163,10 @@ def store(dataset: ArrayDataset, file_format: str = "tfrecord") -> Path:
     """
     if file_format not in FORMATS:
         raise ValueError(f"file_format must be one of {FORMATS}, got {file_format!r}")
-    entry = cache_entry("tfds", f"{dataset.name}-{file_format}", TFDS_VERSION, *dataset.content())
+    name = f"{dataset.name}-{file_format}"
+    entry = cache_entry(
+        "tfds", name, TFDS_VERSION, *dataset.content(), writer="tensorflow-datasets"
+    )
 
     def build(scratch: Path) -> None:
         tfds = import_tfds()
