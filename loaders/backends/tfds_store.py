@@ -110,7 +110,7 @@ def import_tfds() -> ModuleType:
         sys.modules.pop("tensorflow_datasets", None)  # let a fixed install import again
         raise ImportError(
             "tensorflow_datasets failed to import"
-            + (f": {type(cause).__name__}: {cause}" if cause else "")
+            + (f": {type(cause).__name__}: {str(cause).rstrip('.')}" if cause else "")
             + ". Check that tensorflow, tensorflow-datasets, tensorflow-metadata and"
             " protobuf are versions that work together (constraints.txt pins a tested set)"
         ) from cause
