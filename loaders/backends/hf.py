@@ -214,8 +214,9 @@ class ArrowRows:
 
 
 def cache_path(dataset: ArrayDataset) -> Path:
-    """Where ``dataset``'s Arrow copy lives: a readable name plus its content key."""
-    return cache_entry("hf", dataset.name, LAYOUT_VERSION, *dataset.content())
+    """Where ``dataset``'s Arrow copy lives: a readable name, the writing
+    ``datasets`` version and its content key."""
+    return cache_entry("hf", dataset.name, LAYOUT_VERSION, *dataset.content(), writer="datasets")
 
 
 def arrow_cache(dataset: ArrayDataset) -> Path:

@@ -3,9 +3,9 @@
 Both the tf backend (``tfrecord``, read by ``tf.data``) and the Grain backend's
 ``source="tfds"`` (``array_record``, random access through
 ``tfds.data_source``) read their split from here. The copy is built once
-under ``cache_root()/tfds/`` by `jaxfeed.loaders.data.cache.build_once`, keyed by content,
-and checked against its manifest on every open. TF and TFDS are imported
-quietly by the tf door (`jaxfeed.loaders.frameworks.tf`).
+under ``cache_root()/tfds/`` by `jaxfeed.loaders.data.cache.build_once`, keyed by content
+and by the writing tensorflow-datasets version, and checked against its manifest on
+every open. TF and TFDS are imported quietly by the tf door (`jaxfeed.loaders.frameworks.tf`).
 """
 
 from __future__ import annotations
@@ -84,7 +84,10 @@ def store(dataset: ArrayDataset, file_format: str = "tfrecord") -> Path:
     """
     if file_format not in FORMATS:
         raise ValueError(f"file_format must be one of {FORMATS}, got {file_format!r}")
-    entry = cache_entry("tfds", f"{dataset.name}-{file_format}", TFDS_VERSION, *dataset.content())
+    name = f"{dataset.name}-{file_format}"
+    entry = cache_entry(
+        "tfds", name, TFDS_VERSION, *dataset.content(), writer="tensorflow-datasets"
+    )
 
     def build(scratch: Path) -> None:
         tfds = import_tfds()

@@ -23,6 +23,7 @@ import stat
 import tempfile
 import zlib
 from collections.abc import Callable, Iterator
+from importlib import metadata
 from pathlib import Path
 
 import numpy as np
@@ -37,6 +38,7 @@ __all__ = [
     "check_entry",
     "fingerprint",
     "writable_dir",
+    "writer_version",
 ]
 
 CACHE_ENV = "JAXFEED_CACHE_DIR"
@@ -160,8 +162,16 @@ def fingerprint(*arrays: np.ndarray) -> str:
     return digest.hexdigest()[:16]
 
 
-def cache_entry(kind: str, name: str, version: str, *arrays: np.ndarray) -> Path:
-    """Where a converted copy of ``arrays`` lives: ``cache_root()/kind/<slug>-<version>-<key>``.
+def writer_version(distribution: str) -> str:
+    """The installed version of the package that writes a native-format entry
+    (``"datasets"``, ``"tensorflow-datasets"``), read from its metadata, so the
+    package need not be imported to name its cache entry."""
+    return metadata.version(distribution)
+
+
+def cache_entry(kind: str, name: str, version: str, *arrays: np.ndarray, writer: str) -> Path:
+    """Where a converted copy of ``arrays`` lives:
+    ``cache_root()/kind/<slug>-<version>-<writer>-<writer version>-<key>``.
 
     Args:
       kind: the format's folder, e.g. ``"tfds"`` or ``"hf"``.
@@ -169,9 +179,15 @@ def cache_entry(kind: str, name: str, version: str, *arrays: np.ndarray) -> Path
       version: the stored layout's version; bumping it stops old copies
         from being reused.
       *arrays: the content; see :func:`fingerprint`.
+      writer: the distribution that writes (and later reads) the format, e.g.
+        ``"datasets"``. Its installed version is part of the key: a copy written
+        by one version may not open in another (an Arrow file's features
+        written by ``datasets`` 5 fail in ``datasets`` 3), so each version
+        builds its own.
     """
     slug = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")[-40:].strip("-") or "data"
-    return cache_root() / kind / f"{slug}-{version}-{fingerprint(*arrays)}"
+    written_by = re.sub(r"[^A-Za-z0-9.]+", "-", f"{writer}-{writer_version(writer)}")
+    return cache_root() / kind / f"{slug}-{version}-{written_by}-{fingerprint(*arrays)}"
 
 
 def build_once(path: Path, build: Callable[[Path], None]) -> Path:

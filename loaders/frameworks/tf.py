@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 import os
 import sys
 import tempfile
@@ -60,10 +61,36 @@ def import_tensorflow() -> ModuleType:
 
 @functools.cache
 def import_tfds() -> ModuleType:
-    """Imports tensorflow_datasets (after TensorFlow, quietly)."""
+    """Imports tensorflow_datasets (after TensorFlow, quietly).
+
+    Raises:
+      ImportError: tensorflow_datasets failed to import. Its ``__init__``
+        logs its own import error (e.g. protobuf's ``VersionError`` from a
+        tensorflow-metadata built for another protobuf) and returns a module
+        without its API (tfds 4.9.6-4.9.10); that logged error is raised here
+        as the cause.
+    """
     import_tensorflow()
-    with quiet_stderr():
-        import tensorflow_datasets as tfds
+    records: list[logging.LogRecord] = []
+    logged = logging.Handler(logging.ERROR)
+    logged.emit = records.append  # its stderr copy stays captured below
+    absl_logger = logging.getLogger("absl")
+    absl_logger.addHandler(logged)
+    try:
+        with quiet_stderr():
+            import tensorflow_datasets as tfds
+    finally:
+        absl_logger.removeHandler(logged)
+    if not hasattr(tfds, "__all__"):  # its __init__ sets __all__ last, if all went well
+        errors = [r.exc_info[1] for r in records if r.exc_info and r.exc_info[1]]
+        cause = errors[-1] if errors else None
+        sys.modules.pop("tensorflow_datasets", None)  # let a fixed install import again
+        raise ImportError(
+            "tensorflow_datasets failed to import"
+            + (f": {type(cause).__name__}: {str(cause).rstrip('.')}" if cause else "")
+            + ". Check that tensorflow, tensorflow-datasets, tensorflow-metadata and"
+            " protobuf are versions that work together (constraints.txt pins a tested set)"
+        ) from cause
     return tfds
 
 

@@ -6,6 +6,7 @@ import pytest
 from backend_helpers import assert_same_batches, indexed_dataset, valid_labels
 from jaxfeed.loaders.backends import hf as hf_backend
 from jaxfeed.loaders.backends import numpy as numpy_backend
+from jaxfeed.loaders.data import cache
 from jaxfeed.loaders.data.catalog import ArrayDataset
 from jaxfeed.loaders.sampler import Sampler
 
@@ -53,6 +54,20 @@ def test_cache_is_an_arrow_file_built_once(tmp_path, monkeypatch):
     again = loaders.make("hf", dataset="mnist-sample", split="test", batch_size=50)
     assert again.path == source.path and len(saves) == 1  # reused, not rebuilt
     assert sorted(p.name for p in (tmp_path / "hf").iterdir()) == [source.path.name]
+
+
+def test_cache_written_by_another_datasets_version_is_not_reused(tmp_path, monkeypatch):
+    # An Arrow copy written by datasets 5.2 broke datasets 3.0 (its features did not load).
+    monkeypatch.setenv("JAXFEED_CACHE_DIR", str(tmp_path))
+    saves = _count_saves(monkeypatch)
+    monkeypatch.setattr(cache, "writer_version", lambda distribution: "5.2.0")
+    newer = loaders.make("hf", dataset="mnist-sample", split="test", batch_size=50)
+    monkeypatch.setattr(cache, "writer_version", lambda distribution: "3.0.0")
+    older = loaders.make("hf", dataset="mnist-sample", split="test", batch_size=50)
+    assert len(saves) == 2 and newer.path != older.path  # built again, not reused
+    assert "-datasets-5.2.0-" in newer.path.name and "-datasets-3.0.0-" in older.path.name
+    again = loaders.make("hf", dataset="mnist-sample", split="test", batch_size=50)
+    assert again.path == older.path and len(saves) == 2  # the same version reuses its own
 
 
 @pytest.mark.parametrize("read", ["take", "getitem"])

@@ -127,12 +127,30 @@ def test_a_read_only_cache_is_opened_without_writing(tmp_path, monkeypatch):
 
 def test_cache_entry_is_keyed_by_content_and_version(tmp_path, monkeypatch):
     monkeypatch.setenv("JAXFEED_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(cache, "writer_version", {"datasets": "3.0.0", "other": "1.0"}.get)
     a, b = np.arange(10), np.arange(11)
-    entry = cache_entry("hf", "My Data/train", "v1", a)
-    assert entry.parent == tmp_path / "hf" and entry.name.startswith("my-data-train-v1-")
-    assert entry == cache_entry("hf", "My Data/train", "v1", a.copy())
-    assert entry != cache_entry("hf", "My Data/train", "v1", b)
-    assert entry != cache_entry("hf", "My Data/train", "v2", a)
+    entry = cache_entry("hf", "My Data/train", "v1", a, writer="datasets")
+    assert entry.parent == tmp_path / "hf"
+    assert entry.name.startswith("my-data-train-v1-datasets-3.0.0-")
+    assert entry == cache_entry("hf", "My Data/train", "v1", a.copy(), writer="datasets")
+    assert entry != cache_entry("hf", "My Data/train", "v1", b, writer="datasets")
+    assert entry != cache_entry("hf", "My Data/train", "v2", a, writer="datasets")
+    assert entry != cache_entry("hf", "My Data/train", "v1", a, writer="other")
+
+
+def test_cache_entry_is_keyed_by_the_writers_version(tmp_path, monkeypatch):
+    # An entry written by datasets 5.2 failed to open in datasets 3.0.
+    monkeypatch.setenv("JAXFEED_CACHE_DIR", str(tmp_path))
+    a = np.arange(10)
+    monkeypatch.setattr(cache, "writer_version", lambda distribution: "5.2.0")
+    newer = cache_entry("hf", "data", "v1", a, writer="datasets")
+    monkeypatch.setattr(cache, "writer_version", lambda distribution: "3.0.0")
+    older = cache_entry("hf", "data", "v1", a, writer="datasets")
+    assert newer != older and "datasets-5.2.0" in newer.name and "datasets-3.0.0" in older.name
+
+
+def test_writer_version_is_the_installed_version():
+    assert cache.writer_version("numpy") == np.__version__
 
 
 def test_a_large_file_is_checksummed_over_a_sample_that_still_sees_damage(tmp_path, monkeypatch):

@@ -205,7 +205,7 @@ def test_a_read_only_cache_without_the_entry_says_where(
     with pytest.raises(
         ValueError,
         match=rf"cache directory {own_cache / 'hf'} is not writable .*it must be writable to "
-        r"build mnist-sample-test-v3-\w+, not there yet",
+        r"build mnist-sample-test-v3-datasets-[0-9.]+-\w+, not there yet",
     ):
         _first_batch("hf")
     assert no_writes == [str(own_cache / "hf")]
