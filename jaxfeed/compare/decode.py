@@ -41,7 +41,7 @@ from jaxfeed.compare.decode_idioms import IDIOMS, Records
 from jaxfeed.compare.decode_report import ratios_and_targets
 from jaxfeed.loaders.data import encoded
 from jaxfeed.loaders.protocol import MASK_KEY, ArraySpec, Batch
-from jaxfeed.loop import batch_mask, fit
+from jaxfeed.training.loop import batch_mask, fit
 
 DATASET = "digits-png"
 LEAD_IN = 8  # untimed batches after the first, before the timed epoch

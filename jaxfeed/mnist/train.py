@@ -13,10 +13,10 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import Mesh, NamedSharding
 
-from jaxfeed.checkpoint import Checkpointing
 from jaxfeed.loaders.protocol import BatchSource
-from jaxfeed.loop import Sums, batch_mask, evaluate_metrics, fit
 from jaxfeed.mnist.model import LAYER_SIZES, Params, init_params, predict
+from jaxfeed.training.checkpoint import Checkpointing
+from jaxfeed.training.loop import Sums, batch_mask, evaluate_metrics, fit
 
 State = dict[str, Any]  # {"params": Params, "opt_state": optax state}
 

@@ -14,7 +14,7 @@ from jaxfeed.loaders.protocol import ArraySpec
 from resume_worker import train_in_process
 
 from jaxfeed import Checkpointing, batch_mask, fit, loaders
-from jaxfeed.checkpoint import (
+from jaxfeed.training.checkpoint import (
     Checkpointer,
     CheckpointError,
     CheckpointFallbackWarning,

@@ -261,7 +261,7 @@ def test_a_metric_that_becomes_nan_stops_the_run_before_anything_is_saved(tmp_pa
             checkpoint=Checkpointing(checkpoint, every=10),
             **run,
         )
-    from jaxfeed.checkpoint import latest
+    from jaxfeed.training.checkpoint import latest
 
     assert latest(checkpoint)["step"] == 120  # the last save before it, none after
     result = fit(_diverging, {"w": jnp.ones(())}, source, nan_policy="continue", **run)

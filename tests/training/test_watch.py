@@ -1,6 +1,6 @@
-"""Training you can watch: progress lines off a terminal, TensorBoard scalars
-read back from the event file, ``eval_every`` records, per-step callbacks,
-and the warning for a step whose sums count padding rows."""
+"""Training you can watch: TensorBoard scalars read back from the event file,
+``eval_every`` records, per-step callbacks, and the warning for a step whose
+sums count padding rows. (The CLI's progress lines: tests/cli/test_progress.py.)"""
 
 import json
 import os
@@ -17,7 +17,7 @@ import optax
 import pytest
 
 import jaxfeed
-from jaxfeed.mask_check import PaddingCountedWarning
+from jaxfeed.training.padding_check import PaddingCountedWarning
 
 REPO = Path(__file__).resolve().parents[2]
 TIMEOUT = 300
@@ -74,19 +74,6 @@ def _cli(tmp_path: Path, *args: str) -> str:
                        stdout=file, stderr=subprocess.STDOUT, env=env, timeout=TIMEOUT,
                        check=True)  # fmt: skip
     return out.read_text()
-
-
-def test_off_a_terminal_the_cli_prints_progress_during_the_first_epoch(tmp_path):
-    lines = _cli(tmp_path, "--epochs", "2").splitlines()
-    progress = [i for i, line in enumerate(lines) if line.startswith("epoch 1/2  batch ")]
-    end = next(i for i, line in enumerate(lines) if line.startswith("epoch 1/2  loss "))
-    # 16 batches: a line about every 10% of the epoch, all before its end.
-    assert len(progress) >= 5 and max(progress) < end, lines
-    assert "loss " in lines[progress[0]] and "samples/s" in lines[progress[0]]
-    every_4 = [line for line in _cli(tmp_path, "--epochs", "1", "--log-every", "4").splitlines()
-               if line.startswith("epoch 1/1  batch ")]  # fmt: skip
-    assert [line.split()[3] for line in every_4] == ["4/16", "8/16", "12/16"]
-    assert "batch " not in _cli(tmp_path, "--epochs", "1", "--quiet")
 
 
 def _events(directory: Path) -> dict[str, list[tuple[int, float]]]:

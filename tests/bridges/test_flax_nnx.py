@@ -21,7 +21,7 @@ from flax import nnx
 from jaxfeed.loaders.backends.tfds_store import import_tensorflow
 
 import jaxfeed
-from jaxfeed.mask_check import PaddingCountedWarning
+from jaxfeed.training.padding_check import PaddingCountedWarning
 
 TRAIN_STEPS, EVAL_EVERY, BATCH_SIZE = 60, 20, 32  # the tutorial's: 1200, 200, 32
 LEARNING_RATE, MOMENTUM = 0.005, 0.9

@@ -21,14 +21,15 @@ from typing import Any, NamedTuple
 import jax
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
+from jaxfeed.loaders.protocol import BatchSource, Resumable, SkipsDataState
+from jaxfeed.sharding import DeviceFeed
 from tqdm import tqdm  # not tqdm.auto: it warns in Jupyter without ipywidgets
 
-from jaxfeed.checkpoint import Checkpointer, Checkpointing
-from jaxfeed.interrupts import Interrupts, interrupt
-from jaxfeed.loaders.protocol import BatchSource, Resumable, SkipsDataState
-from jaxfeed.mask_check import warn_if_padding_counts
-from jaxfeed.sharding import DeviceFeed
-from jaxfeed.steps import (
+from jaxfeed.training.checkpoint import Checkpointer, Checkpointing
+from jaxfeed.training.interrupts import Interrupts, interrupt
+from jaxfeed.training.log import TrainingLog
+from jaxfeed.training.padding_check import warn_if_padding_counts
+from jaxfeed.training.steps import (
     EvalStep,
     MeshLike,
     Step,
@@ -45,7 +46,6 @@ from jaxfeed.steps import (
     to_host,
     trace_step,
 )
-from jaxfeed.training_log import TrainingLog
 
 __all__ = [
     "FitResult",
