@@ -31,12 +31,14 @@ from typing import TYPE_CHECKING, Any
 # jaxfeed.loaders.make.
 _PACKAGES = ("jaxfeed.loaders", "jaxfeed.sharding")  # loaders first: it imports no JAX
 _LIBRARY = {
+    "Callback": "jaxfeed.training.callbacks",
     "CheckpointError": "jaxfeed.training.checkpoint",
     "Checkpointing": "jaxfeed.training.checkpoint",
     "TopologyChangedWarning": "jaxfeed.training.checkpoint",
     "Preempted": "jaxfeed.training.interrupts",
     "FitResult": "jaxfeed.training.loop",
-    "NonFiniteMetric": "jaxfeed.training.loop",
+    "Logging": "jaxfeed.training.log",
+    "NonFiniteMetric": "jaxfeed.training.run",
     "batch_mask": "jaxfeed.training.steps",
     "evaluate_metrics": "jaxfeed.training.steps",
     "fit": "jaxfeed.training.loop",
@@ -48,13 +50,16 @@ if TYPE_CHECKING:  # what type checkers see; at run time __getattr__ imports on 
     from jaxfeed.keras import keras_data  # noqa: F401
     from jaxfeed.loaders import *  # noqa: F403
     from jaxfeed.sharding import *  # noqa: F403
+    from jaxfeed.training.callbacks import Callback  # noqa: F401
     from jaxfeed.training.checkpoint import (  # noqa: F401
         CheckpointError,
         Checkpointing,
         TopologyChangedWarning,
     )
     from jaxfeed.training.interrupts import Preempted  # noqa: F401
-    from jaxfeed.training.loop import FitResult, NonFiniteMetric, fit  # noqa: F401
+    from jaxfeed.training.log import Logging  # noqa: F401
+    from jaxfeed.training.loop import FitResult, fit  # noqa: F401
+    from jaxfeed.training.run import NonFiniteMetric  # noqa: F401
     from jaxfeed.training.steps import batch_mask, evaluate_metrics  # noqa: F401
 
 

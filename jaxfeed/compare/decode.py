@@ -41,6 +41,7 @@ from jaxfeed.compare.decode_idioms import IDIOMS, Records
 from jaxfeed.compare.decode_report import ratios_and_targets
 from jaxfeed.loaders.data import encoded
 from jaxfeed.loaders.protocol import MASK_KEY, ArraySpec, Batch
+from jaxfeed.training.log import Logging
 from jaxfeed.training.loop import batch_mask, fit
 
 DATASET = "digits-png"
@@ -241,9 +242,7 @@ def _train(source: Any, config: DecodeConfig, mesh: jax.sharding.Mesh) -> dict[s
         source,
         epochs=epochs,
         mesh=mesh,
-        progress=False,
-        log_every=0,
-        log_records=False,
+        log=Logging(progress=False, every=0, records=False),
         nan_policy="continue",
     )
     timed = rows.steady(result.history, config.train_epochs)  # epoch 1 compiles

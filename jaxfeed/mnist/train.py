@@ -16,6 +16,7 @@ from jax.sharding import Mesh, NamedSharding
 from jaxfeed.loaders.protocol import BatchSource
 from jaxfeed.mnist.model import LAYER_SIZES, Params, init_params, predict
 from jaxfeed.training.checkpoint import Checkpointing
+from jaxfeed.training.log import Logging
 from jaxfeed.training.loop import Sums, batch_mask, evaluate_metrics, fit
 
 State = dict[str, Any]  # {"params": Params, "opt_state": optax state}
@@ -149,11 +150,8 @@ def train(
         checkpoint=checkpoint,
         resume=resume,
         settings=settings,
+        log=Logging(progress, log_every, records=False, tensorboard=tensorboard),
         callbacks=callbacks,
-        progress=progress,
-        log_every=log_every,
-        log_records=False,
-        tensorboard=tensorboard,
         nan_policy=nan_policy,
     )
     return result.state["params"], [_record(m) for m in result.history]

@@ -1,9 +1,9 @@
-"""Training you can watch off a terminal: `fit`'s progress lines, and its
-TensorBoard scalars.
+"""What `fit` reports as it trains (`Logging`): a progress bar, progress lines,
+TensorBoard scalars and the records as JSON.
 
 A tqdm bar draws only on a terminal; in a log file or a job scheduler's
-output it stays silent. So off a terminal (or whenever ``log_every`` is
-given) `fit` prints a line every ``log_every`` steps, by default about every
+output it stays silent. So off a terminal (or whenever ``Logging.every`` is
+given) `fit` prints a line every ``every`` steps, by default about every
 10% of an epoch and at least every 30 s, plus one per record (an epoch's end,
 or an evaluation of ``eval_every``). The running means need the step's sums
 on the host: one device sync per line, never per step.
@@ -11,53 +11,99 @@ on the host: one device sync per line, never per step.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import jax
+from tqdm import tqdm  # not tqdm.auto: it warns in Jupyter without ipywidgets
 
-__all__ = ["TrainingLog"]
+__all__ = ["Logging", "TrainingLog"]
 
 LINES_PER_EPOCH = 10  # the default cadence: about every 10% of an epoch...
 MAX_SECONDS = 30.0  # ...and at least this often
 
 
-class TrainingLog:
-    """Progress lines (process 0, to stdout, flushed) and TensorBoard scalars.
+@dataclasses.dataclass(frozen=True)
+class Logging:
+    """What `jaxfeed.fit` reports as it trains (``fit(..., log=Logging(...))``).
 
     Args:
-      log_every: a line every this many steps; 0: no step lines; None: off a
-        terminal only, about every 10% of an epoch and at least every 30 s.
-      epochs: the run's epochs, for "epoch 2/5".
-      records: also print a line per record (`fit`'s ``log_records``).
-      tensorboard: a directory for TensorBoard event files, or None.
+      progress: a tqdm bar; None: only on a terminal.
+      every: a progress line (process 0, stdout) every this many steps, and
+        one per record; 0: none. None: only off a terminal (where no bar
+        shows), about every 10% of an epoch and at least every 30 s.
+      records: include the record lines (``jaxfeed train`` prints its own).
+      tensorboard: a directory: TensorBoard scalars of the progress lines
+        (``train/``), records (``epoch/``) and evaluations (``eval/``), by
+        step (needs tensorboardX: the ``tensorboard`` extra).
+      history_path: the records as JSON, rewritten with every record
+        (process 0); `fit` refuses, before training, one it cannot write.
 
     Raises:
-      ImportError: ``tensorboard`` without tensorboardX installed (the
+      ValueError: ``every`` is not an int >= 0 or None.
+    """
+
+    progress: bool | None = None
+    every: int | None = None
+    records: bool = True
+    tensorboard: str | os.PathLike | None = None
+    history_path: str | os.PathLike | None = None
+
+    def __post_init__(self) -> None:
+        if self.every is not None and (type(self.every) is not int or self.every < 0):
+            raise ValueError(f"Logging.every must be an int >= 0 or None, got {self.every!r}")
+
+
+class TrainingLog:
+    """One run's reports as `Logging` asks: the bar, progress lines (process
+    0, to stdout, flushed), TensorBoard scalars and the JSON history. Closing
+    it (or leaving its ``with``) closes the TensorBoard writer.
+
+    Args:
+      options: what to report.
+      epochs: the run's epochs, for "epoch 2/5".
+
+    Raises:
+      ValueError: ``options.history_path`` cannot be written.
+      ImportError: ``options.tensorboard`` without tensorboardX installed (the
         message says what to install).
     """
 
-    def __init__(
-        self,
-        log_every: int | None,
-        epochs: int,
-        records: bool = True,
-        tensorboard: str | os.PathLike | None = None,
-    ):
-        if log_every is not None and (type(log_every) is not int or log_every < 0):
-            raise ValueError(f"log_every must be an int >= 0 or None, got {log_every!r}")
+    def __init__(self, options: Logging, epochs: int):
+        self.history_path = None
+        if options.history_path is not None:
+            self.history_path = Path(options.history_path)
+            _check_writable(self.history_path)
         self.lead = jax.process_index() == 0
         terminal = sys.stdout.isatty()
-        self.every = log_every
-        self.timed = log_every is None and not terminal  # the default: steps and seconds
-        self.lines = self.lead and (self.timed or bool(log_every))
-        self.records = self.lead and records and (log_every is not None or not terminal)
+        self.progress = options.progress
+        self.every = options.every
+        self.timed = options.every is None and not terminal  # the default: steps and seconds
+        self.lines = self.lead and (self.timed or bool(options.every))
+        self.records = self.lead and options.records and (options.every is not None or not terminal)
         self.epochs = epochs
+        tensorboard = options.tensorboard
         self.writer = _writer(tensorboard) if tensorboard is not None and self.lead else None
         self._last = time.monotonic()
+
+    def __enter__(self) -> TrainingLog:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def bar(self, epoch: int, batch: int, num_batches: int | None) -> tqdm:
+        """The progress bar of epoch ``epoch`` (1-based), from batch ``batch``."""
+        disable = None if self.progress is None else not self.progress  # None: TTY only
+        return tqdm(
+            total=num_batches, initial=batch, desc=f"epoch {epoch}", leave=False, disable=disable
+        )
 
     def due(self, batch: int, num_batches: int | None) -> bool:
         """Whether a step line is due after batch ``batch`` (1-based) of the epoch."""
@@ -80,8 +126,11 @@ class TrainingLog:
               flush=True)  # fmt: skip
         self.scalars("train/", step, values)
 
-    def record(self, record: Mapping[str, Any]) -> None:
-        """A line and scalars for one of `fit`'s records."""
+    def record(self, record: Mapping[str, Any], history: Sequence[Mapping[str, Any]]) -> None:
+        """The JSON history (``history``, which ends with ``record``), a line and
+        scalars for one of `fit`'s records."""
+        if self.history_path is not None and self.lead:
+            _write_json(self.history_path, history)
         self._last = time.monotonic()
         step = record["step"]
         train = {k: v for k, v in record.items() if k not in ("epoch", "step")}
@@ -103,6 +152,22 @@ class TrainingLog:
     def close(self) -> None:
         if self.writer is not None:
             self.writer.close()
+
+
+def _check_writable(path: Path) -> None:
+    """Refuses, before any training, a history file that could not be written."""
+    folder = path.parent if path.parent != Path() else Path.cwd()
+    existing = next((p for p in (folder, *folder.parents) if p.exists()), folder)
+    if path.is_dir() or not existing.is_dir() or not os.access(existing, os.W_OK):
+        raise ValueError(f"history_path {path} cannot be written; pick a writable file path")
+
+
+def _write_json(path: Path, value: Any) -> None:
+    """Written whole or not at all: a reader never sees half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    partial.write_text(json.dumps(value, indent=2, default=str) + "\n")
+    os.replace(partial, path)
 
 
 def _format(values: Mapping[str, Any]) -> str:

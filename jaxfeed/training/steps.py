@@ -14,6 +14,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
 from jaxfeed.loaders.protocol import MASK_KEY, BatchSource
 from jaxfeed.sharding import DeviceFeed, batch_sharding, data_mesh
 
