@@ -251,7 +251,8 @@ def _save_params(params: Any, path: Path) -> None:
 def _announce_resume(args: argparse.Namespace, settings: dict, prefix: str) -> None:
     """Says where training resumes, or that it starts fresh; refuses a checkpoint
     written with other settings before any work (fit checks again)."""
-    from jaxfeed.training.checkpoint import check_settings, latest
+    from jaxfeed.training.checkpoint import latest
+    from jaxfeed.training.verify import check_settings
 
     found = latest(args.checkpoint_dir)
     if found is None:

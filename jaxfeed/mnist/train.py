@@ -127,8 +127,9 @@ def train(
       sharding: batch sharding or mesh (default: all devices).
       on_epoch: called with each epoch's metrics as soon as they exist.
       progress: show a tqdm bar (default: only on a terminal).
-      log_every, tensorboard: progress lines and TensorBoard scalars, as for
-        `jaxfeed.fit` (the epoch lines are ``on_epoch``'s to print).
+      log_every, tensorboard: progress lines and TensorBoard scalars, as
+        `jaxfeed.Logging`'s ``every`` and ``tensorboard`` (the epoch lines
+        are ``on_epoch``'s to print).
       checkpoint, resume, settings, nan_policy: as for `jaxfeed.fit`; the seed and
         learning settings of ``config`` need not match to resume.
 

@@ -19,9 +19,9 @@ from jaxfeed.training.checkpoint import (
     CheckpointError,
     CheckpointFallbackWarning,
     TopologyChangedWarning,
-    check_settings,
     latest,
 )
+from jaxfeed.training.verify import check_settings
 
 BATCH, BATCHES, FEATURES, CLASSES = 8, 6, 4, 3
 
