@@ -157,11 +157,13 @@ def fit(
     if eval is not None:
         eval_run, eval_zeros = compile_eval(eval_step, state, eval, replicated)
     mask_step = step if check_mask and steps_per_transfer == 1 else None
-    run = compile_step(step, steps_per_transfer, replicated)
-    steps = CompiledSteps(run, zeros, eval_run, eval_zeros, mask_step)
+    train_run = compile_step(step, steps_per_transfer, replicated)
+    steps = CompiledSteps(train_run, zeros, eval_run, eval_zeros, mask_step)
     if checkpoint is None and isinstance(train, SkipsDataState):
         train = train.without_data_state()  # its state costs time, and nothing will ask
-    with contextlib.ExitStack() as open_until_done:  # the last save is complete on disk
+    # Closed in reverse, also on an error or Ctrl-C: the checkpointer (once the
+    # last save is complete on disk), then the log.
+    with contextlib.ExitStack() as open_until_done:
         training_log = open_until_done.enter_context(TrainingLog(log or Logging(), epochs))
         checkpointer = None
         if checkpoint is not None:

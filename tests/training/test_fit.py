@@ -211,6 +211,15 @@ def test_bad_arguments_are_refused(kwargs, match):
         )
 
 
+def test_bad_options_are_refused():
+    with pytest.raises(ValueError, match=r"Logging.every must be an int >= 0 or None, got -1"):
+        Logging(every=-1)
+    with pytest.raises(TypeError, match=r"log takes a jaxfeed.Logging, .* got False"):
+        fit(lambda s, b: (s, _label_sums(s, b)), _state(), _batches(), epochs=1, log=False)
+    with pytest.raises(TypeError, match=r"callbacks takes jaxfeed.Callback objects .* got 3"):
+        fit(lambda s, b: (s, _label_sums(s, b)), _state(), _batches(), epochs=1, callbacks=[3])
+
+
 def test_an_epochs_seconds_include_the_steps_still_running_on_the_device():
     # Steps are dispatched ahead of the device. Each step here does ~tens of
     # ms of matmuls; an epoch of 4 of them must take longer than one step
