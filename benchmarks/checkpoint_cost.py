@@ -18,8 +18,8 @@ import common  # noqa: F401  (puts the repository on sys.path)
 import jax
 import jax.numpy as jnp
 
-from jaxfeed.checkpoint import Checkpointer, Checkpointing, latest
 from jaxfeed.mnist.train import TrainConfig, init_state
+from jaxfeed.training.checkpoint import Checkpointer, Checkpointing, latest
 
 SAVES = 11
 

@@ -11,9 +11,11 @@ One import root for the whole public API::
 Three packages, dependencies pointing one way (``jaxfeed`` -> ``sharding`` ->
 ``loaders``): `jaxfeed.loaders` (every loader behind one `BatchSource`
 protocol; never touches a device), `jaxfeed.sharding` (placement and the
-prefetching `DeviceFeed`), and this package's training loop (`fit`,
-checkpoints). The MNIST example model lives in `jaxfeed.mnist`; `jaxfeed.nnx`
-runs Flax NNX steps in `fit` (and imports Flax only when a step is traced).
+prefetching `DeviceFeed`), and this package: the training loop
+(`jaxfeed.training`: `fit`, checkpoints), the ``jaxfeed`` command
+(`jaxfeed.cli`) and the bridges: `jaxfeed.nnx` runs Flax NNX steps in `fit`
+(and imports Flax only when a step is traced), `keras_data` feeds Keras 3's
+``model.fit``. The MNIST example model lives in `jaxfeed.mnist`.
 
 Names are imported on first use, so ``import jaxfeed.loaders`` stays free of
 JAX and of every loader framework.
@@ -29,36 +31,36 @@ from typing import TYPE_CHECKING, Any
 # jaxfeed.loaders.make.
 _PACKAGES = ("jaxfeed.loaders", "jaxfeed.sharding")  # loaders first: it imports no JAX
 _LIBRARY = {
-    "CheckpointError": "jaxfeed.checkpoint",
-    "Checkpointing": "jaxfeed.checkpoint",
-    "TopologyChangedWarning": "jaxfeed.checkpoint",
-    "Preempted": "jaxfeed.interrupts",
-    "FitResult": "jaxfeed.loop",
-    "NonFiniteMetric": "jaxfeed.loop",
-    "batch_mask": "jaxfeed.loop",
-    "evaluate_metrics": "jaxfeed.loop",
-    "fit": "jaxfeed.loop",
-    "keras_data": "jaxfeed.keras_bridge",
+    "Callback": "jaxfeed.training.callbacks",
+    "CheckpointError": "jaxfeed.training.checkpoint",
+    "Checkpointing": "jaxfeed.training.checkpoint",
+    "TopologyChangedWarning": "jaxfeed.training.checkpoint",
+    "Preempted": "jaxfeed.training.interrupts",
+    "FitResult": "jaxfeed.training.loop",
+    "Logging": "jaxfeed.training.log",
+    "NonFiniteMetric": "jaxfeed.training.run",
+    "batch_mask": "jaxfeed.training.steps",
+    "evaluate_metrics": "jaxfeed.training.steps",
+    "fit": "jaxfeed.training.loop",
+    "keras_data": "jaxfeed.keras",
 }
 _SUBPACKAGES = ("loaders", "sharding", "mnist", "nnx")
 
 if TYPE_CHECKING:  # what type checkers see; at run time __getattr__ imports on first use
-    from jaxfeed.checkpoint import (  # noqa: F401
+    from jaxfeed.keras import keras_data  # noqa: F401
+    from jaxfeed.loaders import *  # noqa: F403
+    from jaxfeed.sharding import *  # noqa: F403
+    from jaxfeed.training.callbacks import Callback  # noqa: F401
+    from jaxfeed.training.checkpoint import (  # noqa: F401
         CheckpointError,
         Checkpointing,
         TopologyChangedWarning,
     )
-    from jaxfeed.interrupts import Preempted  # noqa: F401
-    from jaxfeed.keras_bridge import keras_data  # noqa: F401
-    from jaxfeed.loaders import *  # noqa: F403
-    from jaxfeed.loop import (  # noqa: F401
-        FitResult,
-        NonFiniteMetric,
-        batch_mask,
-        evaluate_metrics,
-        fit,
-    )
-    from jaxfeed.sharding import *  # noqa: F403
+    from jaxfeed.training.interrupts import Preempted  # noqa: F401
+    from jaxfeed.training.log import Logging  # noqa: F401
+    from jaxfeed.training.loop import FitResult, fit  # noqa: F401
+    from jaxfeed.training.run import NonFiniteMetric  # noqa: F401
+    from jaxfeed.training.steps import batch_mask, evaluate_metrics  # noqa: F401
 
 
 def _home(name: str) -> str | None:

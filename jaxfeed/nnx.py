@@ -30,7 +30,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from jaxfeed.steps import EvalStep, Step, Sums, batch_mask
+from jaxfeed.training.steps import EvalStep, Step, Sums, batch_mask
 
 __all__ = ["eval_step", "metric_sums", "step"]
 

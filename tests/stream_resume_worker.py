@@ -185,7 +185,7 @@ def _fit(kind, directory, kill_at):
     import jax.numpy as jnp
     import optax
 
-    from jaxfeed import Checkpointing, batch_mask, fit
+    from jaxfeed import Checkpointing, Logging, batch_mask, fit
 
     tx = optax.sgd(0.05, momentum=0.9)
 
@@ -216,7 +216,7 @@ def _fit(kind, directory, kill_at):
         epochs=3,
         checkpoint=Checkpointing(os.path.join(directory, kind), every=1),
         resume=True,
-        progress=False,
+        log=Logging(progress=False),
     )
     return {f"{kind}|{k}": np.asarray(v) for k, v in result.state["params"].items()}
 

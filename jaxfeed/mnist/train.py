@@ -13,10 +13,11 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import Mesh, NamedSharding
 
-from jaxfeed.checkpoint import Checkpointing
 from jaxfeed.loaders.protocol import BatchSource
-from jaxfeed.loop import Sums, batch_mask, evaluate_metrics, fit
 from jaxfeed.mnist.model import LAYER_SIZES, Params, init_params, predict
+from jaxfeed.training.checkpoint import Checkpointing
+from jaxfeed.training.log import Logging
+from jaxfeed.training.loop import Sums, batch_mask, evaluate_metrics, fit
 
 State = dict[str, Any]  # {"params": Params, "opt_state": optax state}
 
@@ -126,8 +127,9 @@ def train(
       sharding: batch sharding or mesh (default: all devices).
       on_epoch: called with each epoch's metrics as soon as they exist.
       progress: show a tqdm bar (default: only on a terminal).
-      log_every, tensorboard: progress lines and TensorBoard scalars, as for
-        `jaxfeed.fit` (the epoch lines are ``on_epoch``'s to print).
+      log_every, tensorboard: progress lines and TensorBoard scalars, as
+        `jaxfeed.Logging`'s ``every`` and ``tensorboard`` (the epoch lines
+        are ``on_epoch``'s to print).
       checkpoint, resume, settings, nan_policy: as for `jaxfeed.fit`; the seed and
         learning settings of ``config`` need not match to resume.
 
@@ -149,11 +151,8 @@ def train(
         checkpoint=checkpoint,
         resume=resume,
         settings=settings,
+        log=Logging(progress, log_every, records=False, tensorboard=tensorboard),
         callbacks=callbacks,
-        progress=progress,
-        log_every=log_every,
-        log_records=False,
-        tensorboard=tensorboard,
         nan_policy=nan_policy,
     )
     return result.state["params"], [_record(m) for m in result.history]

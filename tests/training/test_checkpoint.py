@@ -13,15 +13,15 @@ import pytest
 from jaxfeed.loaders.protocol import ArraySpec
 from resume_worker import train_in_process
 
-from jaxfeed import Checkpointing, batch_mask, fit, loaders
-from jaxfeed.checkpoint import (
+from jaxfeed import Checkpointing, Logging, batch_mask, fit, loaders
+from jaxfeed.training.checkpoint import (
     Checkpointer,
     CheckpointError,
     CheckpointFallbackWarning,
     TopologyChangedWarning,
-    check_settings,
     latest,
 )
+from jaxfeed.training.verify import check_settings
 
 BATCH, BATCHES, FEATURES, CLASSES = 8, 6, 4, 3
 
@@ -96,9 +96,9 @@ def runs(tmp_path_factory):
     """An uninterrupted run, and the checkpoints of one whose loader crashed
     at batch 5 of epoch 1 (each test resumes from its own copy of them)."""
     root = tmp_path_factory.mktemp("checkpoints")
-    expected = _fit(ResumableStream(), root / "whole", progress=False)
+    expected = _fit(ResumableStream(), root / "whole", log=Logging(progress=False))
     with pytest.raises(RuntimeError, match="the loader crashed"):
-        _fit(ResumableStream(fail_at=(1, 5)), root / "crashed", progress=False)
+        _fit(ResumableStream(fail_at=(1, 5)), root / "crashed", log=Logging(progress=False))
     return expected, root
 
 
@@ -118,7 +118,7 @@ def test_a_stream_resumes_from_its_own_state_after_a_crash(runs, tmp_path):
     data_state = json.loads(data_file.read_text())
 
     fresh = ResumableStream()
-    resumed = _fit(fresh, crashed, resume=True, progress=False)
+    resumed = _fit(fresh, crashed, resume=True, log=Logging(progress=False))
     assert fresh.restored == [data_state]
     np.testing.assert_array_equal(np.asarray(resumed.state["w"]), np.asarray(expected.state["w"]))
     assert [m["loss"] for m in resumed.history] == [m["loss"] for m in expected.history]
@@ -130,16 +130,16 @@ def test_a_stream_state_that_cannot_be_restored_is_refused(runs, tmp_path):
     expected, _ = runs
     crashed = _crashed(runs, tmp_path)
     with pytest.raises(ValueError, match=r"\(Stream\) has no restore_data_state\(\); resume with"):
-        _fit(Stream(), crashed, resume=True, progress=False)
+        _fit(Stream(), crashed, resume=True, log=Logging(progress=False))
     # What the error prevents: by position alone the stream would give other batches.
     ignores = ResumableStream(restores=False)
-    resumed = _fit(ignores, crashed, resume=True, progress=False)
+    resumed = _fit(ignores, crashed, resume=True, log=Logging(progress=False))
     assert len(ignores.restored) == 1
     assert not np.array_equal(np.asarray(resumed.state["w"]), np.asarray(expected.state["w"]))
 
 
 def test_a_checkpoint_of_another_model_is_refused(tmp_path):
-    _fit(ResumableStream(), tmp_path, epochs=1, progress=False)
+    _fit(ResumableStream(), tmp_path, epochs=1, log=Logging(progress=False))
     other = {"w": jnp.zeros((FEATURES, CLASSES)), "b": jnp.zeros((CLASSES,))}
     with pytest.raises(ValueError, match=r"/6 holds a train state that does not fit this run's"):
         fit(
@@ -151,7 +151,7 @@ def test_a_checkpoint_of_another_model_is_refused(tmp_path):
             mesh=jax.devices()[:1],
             checkpoint=tmp_path,
             resume=True,
-            progress=False,
+            log=Logging(progress=False),
         )
 
 
@@ -167,7 +167,7 @@ def test_a_state_holding_prng_keys_resumes_exactly(tmp_path):
     def run(directory, epochs, **kwargs):
         state = {"w": jnp.zeros((FEATURES, CLASSES), jnp.float32), "key": jax.random.key(0)}
         return fit(step, state, ResumableStream(), epochs=epochs, mesh=jax.devices()[:1],
-                   checkpoint=directory, progress=False, **kwargs)  # fmt: skip
+                   checkpoint=directory, log=Logging(progress=False), **kwargs)  # fmt: skip
 
     whole = run(tmp_path / "whole", 2)
     run(tmp_path / "parts", 1)
@@ -306,7 +306,7 @@ def test_a_damaged_newest_checkpoint_falls_back_to_the_previous_one(runs, tmp_pa
     with pytest.warns(
         CheckpointFallbackWarning, match=rf"step 10: .*{named}.*resuming from step 8"
     ):
-        resumed = _fit(fresh, crashed, resume=True, progress=False)
+        resumed = _fit(fresh, crashed, resume=True, log=Logging(progress=False))
     # Step 8's state and stream state, then the same steps: the uninterrupted run's result.
     np.testing.assert_array_equal(np.asarray(resumed.state["w"]), np.asarray(expected.state["w"]))
     assert [m["loss"] for m in resumed.history] == [m["loss"] for m in expected.history]
@@ -319,7 +319,7 @@ def test_no_checkpoint_that_verifies_stops_the_run(runs, tmp_path):
     with pytest.raises(
         CheckpointError, match=r"no checkpoint in .*crashed verifies: step 10: .*; step 8"
     ):
-        _fit(ResumableStream(), crashed, resume=True, progress=False)
+        _fit(ResumableStream(), crashed, resume=True, log=Logging(progress=False))
 
 
 def test_two_runs_cannot_write_one_directory(tmp_path):
@@ -329,10 +329,12 @@ def test_two_runs_cannot_write_one_directory(tmp_path):
             ValueError,
             match=rf"{tmp_path}/run is in use by another run \(host .*, pid {os.getpid()}, since",
         ):
-            _fit(ResumableStream(), tmp_path / "run", progress=False)
+            _fit(ResumableStream(), tmp_path / "run", log=Logging(progress=False))
     finally:
         first.close()
-    _fit(ResumableStream(), tmp_path / "run", epochs=1, progress=False)  # free again once closed
+    _fit(
+        ResumableStream(), tmp_path / "run", epochs=1, log=Logging(progress=False)
+    )  # free again once closed
 
 
 def test_a_one_device_checkpoint_resumes_on_eight_devices(tmp_path):
@@ -345,7 +347,9 @@ def test_a_one_device_checkpoint_resumes_on_eight_devices(tmp_path):
 
     def run(epochs, devices, **kwargs):
         source = loaders.make("numpy", dataset=data, batch_size=BATCH, seed=3)
-        return fit(_step, state, source, epochs=epochs, mesh=devices, progress=False, **kwargs)
+        return fit(
+            _step, state, source, epochs=epochs, mesh=devices, log=Logging(progress=False), **kwargs
+        )
 
     whole = run(3, jax.devices()[:1])
     run(1, jax.devices()[:1], checkpoint=tmp_path)

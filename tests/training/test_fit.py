@@ -16,6 +16,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from jaxfeed import (
     Checkpointing,
     FitResult,
+    Logging,
     NonFiniteMetric,
     batch_mask,
     evaluate_metrics,
@@ -105,8 +106,7 @@ def test_fit_trains_a_cnn_from_a_wrapped_torch_dataloader(tmp_path):
         eval_step=eval_step,
         mesh=data_mesh(jax.devices()[:2]),
         callbacks=[seen.append],
-        progress=False,
-        history_path=history_file,
+        log=Logging(progress=False, history_path=history_file),
     )
     assert isinstance(result, FitResult)
     history = result.history
@@ -148,7 +148,7 @@ def test_metric_sums_leave_out_padding_rows(steps_per_transfer):
         eval_step=_label_sums,
         mesh=jax.devices()[:1],
         steps_per_transfer=steps_per_transfer,
-        progress=False,
+        log=Logging(progress=False),
     )
     # Exact: the integer sums fit float32. Counting the padding rows would
     # divide by 320, not 300.
@@ -181,7 +181,14 @@ def _batches():
 )
 def test_a_step_that_breaks_the_contract_is_refused_before_any_data_moves(step, error, match):
     with pytest.raises(error, match=match):
-        fit(step, _state(), _batches(), epochs=1, mesh=jax.devices()[:1], progress=False)
+        fit(
+            step,
+            _state(),
+            _batches(),
+            epochs=1,
+            mesh=jax.devices()[:1],
+            log=Logging(progress=False),
+        )
 
 
 @pytest.mark.parametrize(
@@ -195,7 +202,22 @@ def test_a_step_that_breaks_the_contract_is_refused_before_any_data_moves(step, 
 def test_bad_arguments_are_refused(kwargs, match):
     kwargs = {"epochs": 1, **kwargs}
     with pytest.raises(ValueError, match=match):
-        fit(lambda s, b: (s, _label_sums(s, b)), _state(), _batches(), progress=False, **kwargs)
+        fit(
+            lambda s, b: (s, _label_sums(s, b)),
+            _state(),
+            _batches(),
+            log=Logging(progress=False),
+            **kwargs,
+        )
+
+
+def test_bad_options_are_refused():
+    with pytest.raises(ValueError, match=r"Logging.every must be an int >= 0 or None, got -1"):
+        Logging(every=-1)
+    with pytest.raises(TypeError, match=r"log takes a jaxfeed.Logging, .* got False"):
+        fit(lambda s, b: (s, _label_sums(s, b)), _state(), _batches(), epochs=1, log=False)
+    with pytest.raises(TypeError, match=r"callbacks takes jaxfeed.Callback objects .* got 3"):
+        fit(lambda s, b: (s, _label_sums(s, b)), _state(), _batches(), epochs=1, callbacks=[3])
 
 
 def test_an_epochs_seconds_include_the_steps_still_running_on_the_device():
@@ -214,7 +236,7 @@ def test_an_epochs_seconds_include_the_steps_still_running_on_the_device():
     started = time.perf_counter()
     jax.block_until_ready(alone(state, batch))
     one_step = time.perf_counter() - started
-    result = fit(busy, state, source, epochs=2, mesh=jax.devices()[:1], progress=False)
+    result = fit(busy, state, source, epochs=2, mesh=jax.devices()[:1], log=Logging(progress=False))
     seconds = [m["seconds"] for m in result.history]
     assert min(seconds) > one_step, (seconds, one_step)
 
@@ -232,7 +254,7 @@ def test_the_callers_state_stays_usable_after_fit_donates_its_copy(devices):
         return {"w": state["w"] + 1}, _label_sums(state, batch)
 
     for given in (state, placed):
-        result = fit(step, given, _batches(), epochs=1, mesh=mesh, progress=False)
+        result = fit(step, given, _batches(), epochs=1, mesh=mesh, log=Logging(progress=False))
         assert not given["w"].is_deleted()
         assert given["w"].tolist() == [0.0, 1.0, 2.0]
         assert result.state["w"].tolist() == [2.0, 3.0, 4.0]
@@ -248,7 +270,7 @@ def _diverging(state, batch):
 def test_a_metric_that_becomes_nan_stops_the_run_before_anything_is_saved(tmp_path):
     batches = [{k: v for k, v in b.items() if k != "mask"} for b in _batches().iter_epoch(0)]
     source = loaders.wrap(batches * 40)  # 80 batches an epoch
-    run = dict(epochs=5, mesh=data_mesh(jax.devices()[:1]), progress=False)
+    run = dict(epochs=5, mesh=data_mesh(jax.devices()[:1]), log=Logging(progress=False))
     checkpoint = tmp_path / "checkpoints"
     with pytest.raises(
         NonFiniteMetric,
@@ -261,7 +283,7 @@ def test_a_metric_that_becomes_nan_stops_the_run_before_anything_is_saved(tmp_pa
             checkpoint=Checkpointing(checkpoint, every=10),
             **run,
         )
-    from jaxfeed.checkpoint import latest
+    from jaxfeed.training.checkpoint import latest
 
     assert latest(checkpoint)["step"] == 120  # the last save before it, none after
     result = fit(_diverging, {"w": jnp.ones(())}, source, nan_policy="continue", **run)
@@ -276,5 +298,5 @@ def test_an_unwritable_history_path_is_refused_before_training(tmp_path):
             {"w": jnp.ones(())},
             _batches(),
             epochs=1,
-            history_path=tmp_path / "file" / "h.json",
+            log=Logging(history_path=tmp_path / "file" / "h.json"),
         )

@@ -50,9 +50,11 @@ SHARDING = [
     "place_batch",
 ]
 LIBRARY = [
+    "Callback",
     "CheckpointError",
     "Checkpointing",
     "FitResult",
+    "Logging",
     "NonFiniteMetric",
     "Preempted",
     "TopologyChangedWarning",
@@ -134,7 +136,8 @@ def test_a_users_own_loaders_and_sharding_modules_do_not_shadow_jaxfeed(tmp_path
                 return w - 1e-6 * grad, {"loss": total, "count": count}
 
             source = jaxfeed.make("numpy", dataset="mnist-sample", batch_size=200)
-            result = jaxfeed.fit(step, jnp.zeros(784), source, epochs=2, progress=False)
+            quiet = jaxfeed.Logging(progress=False)
+            result = jaxfeed.fit(step, jnp.zeros(784), source, epochs=2, log=quiet)
             print("trained", [round(r["loss"], 3) for r in result.history])
             """
         )
@@ -233,3 +236,22 @@ def test_missing_package_names_what_to_install(monkeypatch):
     with pytest.raises(ImportError, match=r"needs the package 'grain'.*jaxfeed\[grain\]"):
         loaders.make("grain", dataset="mnist-sample")
     assert loaders.available()["grain"] == 'unavailable: pip install "jaxfeed[grain]"'
+
+
+def test_each_library_name_lives_in_the_module_the_table_names():
+    # jaxfeed/__init__.py's name -> module table: the module that defines the name.
+    homes = {name: getattr(jaxfeed, name).__module__ for name in LIBRARY}
+    assert homes == {
+        "Callback": "jaxfeed.training.callbacks",
+        "CheckpointError": "jaxfeed.training.checkpoint",
+        "Checkpointing": "jaxfeed.training.checkpoint",
+        "FitResult": "jaxfeed.training.loop",
+        "Logging": "jaxfeed.training.log",
+        "NonFiniteMetric": "jaxfeed.training.run",
+        "Preempted": "jaxfeed.training.interrupts",
+        "TopologyChangedWarning": "jaxfeed.training.checkpoint",
+        "batch_mask": "jaxfeed.training.steps",
+        "evaluate_metrics": "jaxfeed.training.steps",
+        "fit": "jaxfeed.training.loop",
+        "keras_data": "jaxfeed.keras",
+    }

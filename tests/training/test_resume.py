@@ -24,7 +24,7 @@ import pytest
 from backend_helpers import free_port
 from resume_worker import train_in_process
 
-from jaxfeed.checkpoint import latest
+from jaxfeed.training.checkpoint import latest
 
 # Subprocesses, kills and whole training runs: the full suite (CI) runs it, the
 # quick tier (-m "not slow") does not.

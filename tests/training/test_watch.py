@@ -1,6 +1,6 @@
-"""Training you can watch: progress lines off a terminal, TensorBoard scalars
-read back from the event file, ``eval_every`` records, per-step callbacks,
-and the warning for a step whose sums count padding rows."""
+"""Training you can watch: TensorBoard scalars read back from the event file,
+``eval_every`` records, per-step callbacks, and the warning for a step whose
+sums count padding rows. (The CLI's progress lines: tests/cli/test_progress.py.)"""
 
 import json
 import os
@@ -17,7 +17,7 @@ import optax
 import pytest
 
 import jaxfeed
-from jaxfeed.mask_check import PaddingCountedWarning
+from jaxfeed.training.padding_check import PaddingCountedWarning
 
 REPO = Path(__file__).resolve().parents[2]
 TIMEOUT = 300
@@ -76,19 +76,6 @@ def _cli(tmp_path: Path, *args: str) -> str:
     return out.read_text()
 
 
-def test_off_a_terminal_the_cli_prints_progress_during_the_first_epoch(tmp_path):
-    lines = _cli(tmp_path, "--epochs", "2").splitlines()
-    progress = [i for i, line in enumerate(lines) if line.startswith("epoch 1/2  batch ")]
-    end = next(i for i, line in enumerate(lines) if line.startswith("epoch 1/2  loss "))
-    # 16 batches: a line about every 10% of the epoch, all before its end.
-    assert len(progress) >= 5 and max(progress) < end, lines
-    assert "loss " in lines[progress[0]] and "samples/s" in lines[progress[0]]
-    every_4 = [line for line in _cli(tmp_path, "--epochs", "1", "--log-every", "4").splitlines()
-               if line.startswith("epoch 1/1  batch ")]  # fmt: skip
-    assert [line.split()[3] for line in every_4] == ["4/16", "8/16", "12/16"]
-    assert "batch " not in _cli(tmp_path, "--epochs", "1", "--quiet")
-
-
 def _events(directory: Path) -> dict[str, list[tuple[int, float]]]:
     """Every scalar in the TensorBoard event files under ``directory``, read back
     from the TFRecord framing (length, CRC, Event proto, CRC)."""
@@ -110,7 +97,7 @@ def _events(directory: Path) -> dict[str, list[tuple[int, float]]]:
 def test_tensorboard_scalars_are_the_history(tmp_path):
     train, test = _sources()
     result = jaxfeed.fit(_step(), _state(), train, epochs=2, eval=test, eval_step=_eval_step,
-                         tensorboard=tmp_path / "tb", log_every=5)  # fmt: skip
+                         log=jaxfeed.Logging(tensorboard=tmp_path / "tb", every=5))  # fmt: skip
     scalars = _events(tmp_path / "tb")
     history = result.history
     assert [step for step, _ in scalars["epoch/loss"]] == [m["step"] for m in history] == [13, 26]
@@ -127,12 +114,28 @@ def test_tensorboard_scalars_are_the_history(tmp_path):
     assert cli["eval/accuracy"] == [(16, pytest.approx(record["test_accuracy"], rel=1e-6))]
 
 
+class Hooks(jaxfeed.Callback):
+    """Keeps what each hook was told."""
+
+    def __init__(self):
+        self.steps, self.evals, self.epochs = [], [], []
+
+    def on_step(self, info):
+        self.steps.append(info)
+
+    def on_eval(self, record):
+        self.evals.append(record)
+
+    def on_epoch(self, record):
+        self.epochs.append(record)
+
+
 def test_eval_every_records_evaluations_between_epochs_and_trains_the_same():
     train, test = _sources()
     plain = jaxfeed.fit(_step(), _state(), train, epochs=2, eval=test, eval_step=_eval_step)
-    seen = []
+    seen, hooks = [], Hooks()
     result = jaxfeed.fit(_step(), _state(), train, epochs=2, eval=test, eval_step=_eval_step,
-                         eval_every=5, step_callbacks=[seen.append])  # fmt: skip
+                         eval_every=5, callbacks=[hooks, seen.append])  # fmt: skip
     assert [m["step"] for m in result.history] == [5, 10, 13, 15, 20, 25, 26]
     assert [m["epoch"] for m in result.history] == [1, 1, 1, 2, 2, 2, 2]
     assert all("eval_accuracy" in m for m in result.history)
@@ -141,13 +144,21 @@ def test_eval_every_records_evaluations_between_epochs_and_trains_the_same():
         assert np.array_equal(np.asarray(a), np.asarray(b))
     again = jaxfeed.evaluate_metrics(_eval_step, result.state, test)
     assert abs(again["accuracy"] - result.history[-1]["eval_accuracy"]) < 1e-6
-    # A window's means: 5 steps of 64 rows, the epoch's last window 3 steps (the last padded).
-    assert [s["step"] for s in seen] == list(range(1, 27))
-    assert seen[13] == {"epoch": 2, "batch": 1, "num_batches": 13, "step": 14}
+    # A function gets every record; a Callback each step, and each record at one hook.
+    assert seen == result.history
+    assert [s["step"] for s in hooks.steps] == list(range(1, 27))
+    assert hooks.steps[13] == {"epoch": 2, "batch": 1, "num_batches": 13, "step": 14}
+    assert [m["step"] for m in hooks.evals] == [5, 10, 15, 20, 25]
+    assert [m["step"] for m in hooks.epochs] == [13, 26]
     # A function of the step: the Flax tutorial's "after steps 201, 401, ..." cadence.
+    hooks = Hooks()
     odd = jaxfeed.fit(_step(), _state(), train, epochs=1, eval=test, eval_step=_eval_step,
-                      eval_every=lambda s: s % 4 == 1 and s > 1)  # fmt: skip
+                      eval_every=lambda s: s % 4 == 1 and s > 1, callbacks=[hooks])  # fmt: skip
     assert [m["step"] for m in odd.history] == [5, 9, 13]
+    # The record of the epoch's last step is the epoch's: on_epoch, not on_eval.
+    assert [m["step"] for m in hooks.evals] == [5, 9] and hooks.epochs == odd.history[2:]
+    with pytest.raises(TypeError, match=r"pass an instance \(MyCallback\(\), not MyCallback\)"):
+        jaxfeed.fit(_step(), _state(), train, epochs=1, callbacks=[Hooks])
     with pytest.raises(ValueError, match="eval_every must be an int >= 1"):
         jaxfeed.fit(_step(), _state(), train, epochs=1, eval_every=0)
 

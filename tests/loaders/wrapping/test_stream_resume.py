@@ -286,7 +286,7 @@ def test_fit_keeps_tf_checkpoints_only_when_it_checkpoints(tmp_path, monkeypatch
     import jax.numpy as jnp
     import tensorflow as tf
 
-    from jaxfeed import fit
+    from jaxfeed import Logging, fit
 
     taken = _count_tf_checkpoints(monkeypatch)
     rows = tf.data.Dataset.from_tensor_slices({"label": np.arange(40, dtype=np.int32)})
@@ -295,7 +295,7 @@ def test_fit_keeps_tf_checkpoints_only_when_it_checkpoints(tmp_path, monkeypatch
     def step(state, batch):
         return state, {"count": jnp.sum(batch["mask"].astype(jnp.float32))}
 
-    options = dict(epochs=3, mesh=jax.devices()[:1], progress=False)
+    options = dict(epochs=3, mesh=jax.devices()[:1], log=Logging(progress=False))
     fit(step, {"w": jnp.zeros(())}, source, **options)
     assert len(taken) == 1  # wrap()'s only
     fit(step, {"w": jnp.zeros(())}, source, checkpoint=tmp_path, **options)

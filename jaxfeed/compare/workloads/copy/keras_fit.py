@@ -23,7 +23,7 @@ import numpy as np
 
 from jaxfeed.compare.training import steady, trained_epochs
 from jaxfeed.compare.workloads.copy.baselines import Baseline
-from jaxfeed.keras_bridge import jax_keras, keras_data
+from jaxfeed.keras import jax_keras, keras_data
 from jaxfeed.loaders.protocol import BatchSource
 from jaxfeed.mnist.model import LAYER_SIZES
 from jaxfeed.mnist.train import TrainConfig

@@ -43,7 +43,8 @@ from jaxfeed.compare.workloads.decode.report import ratios_and_targets
 from jaxfeed.compare.workloads.decode.rows import IdiomOpened, JaxfeedOpened, Pipeline
 from jaxfeed.loaders.data import encoded
 from jaxfeed.loaders.protocol import MASK_KEY, Batch
-from jaxfeed.loop import batch_mask, fit
+from jaxfeed.training.log import Logging
+from jaxfeed.training.loop import batch_mask, fit
 
 DATASET = "digits-png"
 LEAD_IN = 8  # untimed batches after the first, before the timed epoch
@@ -159,9 +160,7 @@ def _train(source: Any, config: DecodeConfig, mesh: jax.sharding.Mesh) -> dict[s
         source,
         epochs=epochs,
         mesh=mesh,
-        progress=False,
-        log_every=0,
-        log_records=False,
+        log=Logging(progress=False, every=0, records=False),
         nan_policy="continue",
     )
     timed = training.steady(result.history, config.train_epochs)  # epoch 1 compiles

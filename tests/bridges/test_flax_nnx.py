@@ -21,7 +21,7 @@ from flax import nnx
 from jaxfeed.loaders.frameworks.tf import import_tensorflow
 
 import jaxfeed
-from jaxfeed.mask_check import PaddingCountedWarning
+from jaxfeed.training.padding_check import PaddingCountedWarning
 
 TRAIN_STEPS, EVAL_EVERY, BATCH_SIZE = 60, 20, 32  # the tutorial's: 1200, 200, 32
 LEARNING_RATE, MOMENTUM = 0.005, 0.9
@@ -184,8 +184,7 @@ def run_port(**kwargs) -> jaxfeed.FitResult:
         eval_step=eval_step,
         eval_every=tutorial_cadence,
         mesh=jax.devices()[:1],  # the tutorial's one device (a sum over 8 adds in another order)
-        progress=False,
-        log_every=0,
+        log=jaxfeed.Logging(progress=False, every=0),
         **kwargs,
     )
 
@@ -243,19 +242,19 @@ def test_ctrl_c_and_resume_of_nnx_state_is_bit_identical(tmp_path):
             eval_step=eval_step,
             eval_every=5,
             mesh=jax.devices()[:1],
-            progress=False,
-            log_every=0,
+            log=jaxfeed.Logging(progress=False, every=0),
             **kwargs,
         )
 
-    def ctrl_c(info: dict) -> None:  # the signal a terminal's Ctrl-C sends, mid epoch 2
-        if info["step"] == 11:
-            signal.raise_signal(signal.SIGINT)
+    class CtrlC(jaxfeed.Callback):  # the signal a terminal's Ctrl-C sends, mid epoch 2
+        def on_step(self, info: dict) -> None:
+            if info["step"] == 11:
+                signal.raise_signal(signal.SIGINT)
 
     uninterrupted = run()
     checkpoints = jaxfeed.Checkpointing(tmp_path / "run", every=4)
     with pytest.raises(KeyboardInterrupt, match=r"stopped at epoch 2, batch 3 \(step 11\)"):
-        run(checkpoint=checkpoints, step_callbacks=[ctrl_c])
+        run(checkpoint=checkpoints, callbacks=[CtrlC()])
     resumed = run(checkpoint=checkpoints, resume=True)
 
     # Model, optimizer and Rngs (its key and count: dropout draws on), bit for bit.
@@ -312,8 +311,16 @@ def test_nnx_objects_as_the_state_train_the_same_as_split_ones():
         model, optimizer = state
         return state, mlp_train(model, optimizer, batch)
 
-    split = jaxfeed.fit(mlp_step, nnx.split(_objects()), _regression(), epochs=2, progress=False)
-    objects = jaxfeed.fit(objects_step, _objects(), _regression(), epochs=2, progress=False)
+    split = jaxfeed.fit(
+        mlp_step,
+        nnx.split(_objects()),
+        _regression(),
+        epochs=2,
+        log=jaxfeed.Logging(progress=False),
+    )
+    objects = jaxfeed.fit(
+        objects_step, _objects(), _regression(), epochs=2, log=jaxfeed.Logging(progress=False)
+    )
 
     assert [r["loss"] for r in objects.history] == [r["loss"] for r in split.history]
     assert _bits(nnx.state(objects.state)) == _bits(split.state[1])

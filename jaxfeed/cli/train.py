@@ -11,7 +11,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from jaxfeed.cli_args import (
+from jaxfeed.cli.args import (
     DATA_DIR_HELP,
     DATASET_HELP,
     DEVICES_HELP,
@@ -251,7 +251,8 @@ def _save_params(params: Any, path: Path) -> None:
 def _announce_resume(args: argparse.Namespace, settings: dict, prefix: str) -> None:
     """Says where training resumes, or that it starts fresh; refuses a checkpoint
     written with other settings before any work (fit checks again)."""
-    from jaxfeed.checkpoint import check_settings, latest
+    from jaxfeed.training.checkpoint import latest
+    from jaxfeed.training.verify import check_settings
 
     found = latest(args.checkpoint_dir)
     if found is None:
@@ -278,11 +279,11 @@ def run_train(args: argparse.Namespace) -> int:
     import jax
 
     from jaxfeed import loaders
-    from jaxfeed.checkpoint import Checkpointing
-    from jaxfeed.loop import run_settings
     from jaxfeed.mnist.train import train
     from jaxfeed.sharding import announce_failure, check_agreement, data_mesh, initialize
     from jaxfeed.sharding.distributed import exit_now
+    from jaxfeed.training.checkpoint import Checkpointing
+    from jaxfeed.training.loop import run_settings
 
     initialize(args.coordinator, args.num_processes, args.process_id, timeout_s=args.peer_timeout)
     processes = jax.process_count()

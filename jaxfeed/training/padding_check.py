@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxfeed.loaders.protocol import MASK_KEY
-from jaxfeed.steps import Step, to_host
+from jaxfeed.training.steps import Step, to_host
 
 __all__ = ["PaddingCountedWarning", "padding_changes_sums", "warn_if_padding_counts"]
 

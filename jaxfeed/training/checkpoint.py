@@ -27,19 +27,23 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import fcntl
-import json
 import os
 import re
 import socket
 import time
 import warnings
-import zlib
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import jax
-import numpy as np
+
+from jaxfeed.training.verify import (
+    as_json,
+    check_settings,
+    check_structure,
+    fingerprints,
+)
 
 FORMAT = 2  # of meta.json; bumped when its fields change meaning (2: array checksums)
 LOCK_FILE = "jaxfeed.lock"
@@ -100,69 +104,6 @@ class Restored(NamedTuple):
     data_state: dict | None
 
 
-def _as_json(value: Any) -> Any:
-    """``value`` as it reads back from JSON (tuples become lists), for comparisons."""
-    return json.loads(json.dumps(value, default=str))
-
-
-def check_settings(saved: Mapping[str, Any], current: Mapping[str, Any], where: str) -> None:
-    """Refuses to resume a checkpoint written by a run with other settings.
-
-    Args:
-      saved: the settings stored in the checkpoint.
-      current: this run's settings.
-      where: names the checkpoint in the message.
-
-    Raises:
-      ValueError: naming every setting that differs, with both values.
-    """
-    current = _as_json(current)
-    missing = "(not set)"
-    differ = [
-        f"{key} {saved.get(key, missing)!r}, this run has {current.get(key, missing)!r}"
-        for key in sorted(set(saved) | set(current))
-        if saved.get(key, missing) != current.get(key, missing)
-    ]
-    if differ:
-        raise ValueError(
-            f"{where} was written by a run with other settings: {'; '.join(differ)}. "
-            f"Resume with the checkpoint's settings, or use another checkpoint directory "
-            f"to start fresh"
-        )
-
-
-def _raw(leaf: Any) -> Any:
-    """A typed PRNG key array (``jax.random.key``, NNX's ``Rngs``) as its uint32
-    key data, which numpy can hold; any other leaf as it is. Orbax saves and
-    restores key arrays themselves."""
-    if isinstance(leaf, jax.Array) and jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key):
-        return jax.random.key_data(leaf)
-    return leaf
-
-
-def _host(leaf: Any) -> np.ndarray:
-    """A leaf's values on the host: one copy of a replicated array (each
-    process of a job holds it whole)."""
-    leaf = _raw(leaf)
-    if isinstance(leaf, jax.Array) and leaf.is_fully_replicated:
-        leaf = leaf.addressable_data(0)
-    return np.asarray(leaf, order="C")  # (np.ascontiguousarray makes a scalar 1-d)
-
-
-def fingerprints(tree: Any) -> dict[str, dict[str, Any]]:
-    """Path -> shape, dtype and CRC-32 of every array of ``tree``: what a restore
-    checks before it is trusted."""
-    out = {}
-    for path, leaf in jax.tree_util.tree_leaves_with_path(tree):
-        values = _host(leaf)
-        out[jax.tree_util.keystr(path)] = {
-            "shape": list(values.shape),
-            "dtype": values.dtype.str,
-            "crc32": zlib.crc32(values.reshape(-1).view(np.uint8)),
-        }
-    return out
-
-
 def _first_line(error: BaseException) -> str:
     text = str(error).strip().splitlines()
     return f"{type(error).__name__}: {text[0][:300]}" if text else type(error).__name__
@@ -203,23 +144,6 @@ def _lock(directory: Path) -> Any:
 def _abstract_leaf(x: jax.Array) -> jax.ShapeDtypeStruct:
     """An array's shape, dtype and sharding: what Orbax restores into."""
     return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding)
-
-
-def _check_structure(saved: Mapping[str, Any], target: Any, where: str) -> None:
-    """Refuses a checkpoint whose arrays are not this run's (another model or optimizer)."""
-    mine = {
-        jax.tree_util.keystr(path): f"{np.dtype(raw.dtype).name}{list(np.shape(raw))}"
-        for path, raw in jax.tree_util.tree_leaves_with_path(jax.tree.map(_raw, target))
-    }
-    theirs = {path: f"{np.dtype(f['dtype']).name}{f['shape']}" for path, f in saved.items()}
-    if mine != theirs:
-        differ = sorted(set(mine) ^ set(theirs)) or [p for p in mine if mine[p] != theirs[p]]
-        path = differ[0]
-        raise ValueError(
-            f"{where} holds a train state that does not fit this run's (another model or "
-            f"optimizer?): {path} is {theirs.get(path, 'absent')} there, "
-            f"{mine.get(path, 'absent')} here"
-        )
 
 
 def _manager(directory: Path, keep: int | None, *, create: bool = True) -> Any:
@@ -297,7 +221,7 @@ class Checkpointer:
         self.topology = dict(topology)
         self.directory = Path(config.directory).absolute()
         _check_directory(self.directory)
-        self.settings = _as_json(dict(settings))
+        self.settings = as_json(dict(settings))
         self._lock = _lock(self.directory) if jax.process_index() == 0 else None
         try:
             self._manager = _manager(self.directory, config.keep)
@@ -358,7 +282,7 @@ class Checkpointer:
         }
         items = {
             "state": ocp.args.StandardSave({"state": state, "totals": dict(totals)}),
-            "meta": ocp.args.JsonSave(_as_json(meta)),
+            "meta": ocp.args.JsonSave(as_json(meta)),
         }
         if data_state is not None:
             items["data"] = ocp.args.JsonSave(data_state)
@@ -424,7 +348,7 @@ class Checkpointer:
         check_settings(meta["settings"], self.settings, where)
         self._check_topology(meta, where)
         target = {"state": state, "totals": dict(totals)}
-        _check_structure(meta["arrays"], target, where)
+        check_structure(meta["arrays"], target, where)
         items = {"state": ocp.args.StandardRestore(jax.tree.map(_abstract_leaf, target))}
         if meta["data_state"]:
             items["data"] = ocp.args.JsonRestore()
