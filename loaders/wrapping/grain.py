@@ -40,6 +40,7 @@ from jaxfeed.loaders.wrapping.streams import (
 
 def wrap_map_dataset(dataset: Any, settings: WrapSettings, **_: Any) -> Epochs:
     """A ``MapDataset``: in the shared sampler's order when its chain allows."""
+    _refuse_finite_repeat(dataset, "grain.MapDataset", settings)
     access = _map_access(dataset)
     if isinstance(access, RandomAccess):
         return sampled_epochs("grain.MapDataset", access, settings)
@@ -224,6 +225,7 @@ def wrap_iter_dataset(dataset: Any, settings: WrapSettings, **_: Any) -> Epochs:
     )
     own_order(kind, settings, "it is a stream")
     one_process(kind, settings, "it is a stream", fix)
+    _refuse_finite_repeat(dataset, kind, settings)
     batch_size = settings.batch_size
     native = _batch_size_of(dataset)
     if native is not None and batch_size not in (None, native):
@@ -253,6 +255,38 @@ def _batch_size_of(dataset: Any) -> int | None:
     if type(dataset).__name__ != "BatchIterDataset":
         return None
     return grain_door.batch_size(dataset)
+
+
+def _refuse_finite_repeat(dataset: Any, kind: str, settings: WrapSettings) -> None:
+    """Refuses a chain with a finite ``.repeat(n)`` (Grain's tutorials have one)
+    unless ``steps_per_epoch`` says what an epoch is: one jaxfeed epoch would
+    be all n passes, so ``fit(epochs=2)`` would train 2n.
+
+    Raises:
+      ValueError: naming the repeat, the passes, and the two fixes.
+    """
+    todo = [dataset]
+    while todo:
+        node = todo.pop()
+        passes = _finite_passes(node)
+        if passes is not None and settings.steps_per_epoch is None:
+            raise ValueError(
+                f"the {kind}'s chain has a finite .repeat() ({passes} passes of its "
+                f"{len(node.parents[0])} records), so one epoch of it would be all {passes} "
+                "passes and fit(epochs=k) would train on k times as many; drop the "
+                ".repeat() (jaxfeed's epochs repeat the data, each in a new order), or, for "
+                "a stream, pass steps_per_epoch= to say how many batches an epoch is"
+            )
+        todo.extend(getattr(node, "parents", ()))
+
+
+def _finite_passes(node: Any) -> int | None:
+    """The passes of a ``.repeat(n)`` step of a Grain chain, else None (also
+    for an endless ``.repeat()``)."""
+    if type(node).__name__ != "RepeatMapDataset" or len(node) >= sys.maxsize:
+        return None
+    (parent,) = node.parents
+    return len(node) // max(len(parent), 1)
 
 
 def _endless(dataset: Any) -> bool:

@@ -67,3 +67,16 @@ def test_wrap_of_an_hf_dataset_runs_its_formatting_transform():
     assert set(next(iter(picked.iter_epoch(0)))) == {"label", "mask"}
     with pytest.raises(ValueError, match=r"transform returns \['label', 'pixel_values', 'x'\]"):
         next(iter(jaxfeed.wrap(table.with_transform(_augment), batch_size=8, columns=["image"])))
+
+
+def test_a_grain_chain_with_a_finite_repeat_is_refused_unless_an_epoch_is_said():
+    import grain
+
+    records = grain.MapDataset.source(np.arange(40, dtype=np.float32)).map(lambda x: {"x": x})
+    chain = records.shuffle(seed=0).repeat(2).batch(8)  # Grain's tutorial chain
+    for obj in (chain, chain.to_iter_dataset()):
+        with pytest.raises(ValueError, match=r"finite \.repeat\(\) \(2 passes of its 40 records"):
+            jaxfeed.wrap(obj)
+    stream = jaxfeed.wrap(chain.to_iter_dataset(), steps_per_epoch=5)  # one pass, said
+    assert len(_epoch(stream)) == stream.num_batches == 5
+    assert jaxfeed.wrap(records.repeat().batch(8), steps_per_epoch=5).num_batches == 5  # endless
