@@ -22,9 +22,9 @@ from jaxfeed.loaders.array_dataset import ArrayDataset
 from jaxfeed.loaders.backends.sampled_source import SampledSource
 from jaxfeed.loaders.backends.tfds_store import import_tensorflow, import_tfds, split_name, store
 from jaxfeed.loaders.bytes_field import BytesField
-from jaxfeed.loaders.data.on_disk import file_rows
 from jaxfeed.loaders.sampler import Sampler
 from jaxfeed.loaders.transform import RecordTransform, check_workers
+from jaxfeed.loaders.workers.mapped_files import file_rows
 
 OPTIONS = ("order", "num_workers")
 

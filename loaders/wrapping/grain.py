@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
-from jaxfeed.loaders.workers import children_ignore_stop_signals
+from jaxfeed.loaders.workers.spawn import children_ignore_stop_signals
 from jaxfeed.loaders.wrapping.epochs import Epochs, WrapSettings
 from jaxfeed.loaders.wrapping.random_access import (
     RandomAccess,
