@@ -27,7 +27,7 @@ import jax
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 from jaxfeed.loaders.protocol import BatchSource, host_fields
-from jaxfeed.loaders.read_ahead import END, POLL_SECONDS, pump
+from jaxfeed.loaders.workers.read_ahead import END, POLL_SECONDS, pump
 from jaxfeed.sharding.mesh import batch_sharding
 from jaxfeed.sharding.placement import (
     check_global_batch_divides_mesh,

@@ -23,46 +23,16 @@ import numpy as np
 from jaxfeed.loaders.array_dataset import ArrayDataset
 from jaxfeed.loaders.backends.sampled_source import SampledSource
 from jaxfeed.loaders.backends.tfds_store import split_name, store
-from jaxfeed.loaders.data.on_disk import for_pickle, from_pickle
 from jaxfeed.loaders.frameworks.grain import mark_absl_flags_parsed
 from jaxfeed.loaders.frameworks.tf import import_tfds
 from jaxfeed.loaders.protocol import Batch
+from jaxfeed.loaders.rows import ArrayRows
 from jaxfeed.loaders.sampler import Sampler
 from jaxfeed.loaders.transform import RecordTransform
-from jaxfeed.loaders.workers import children_ignore_stop_signals
+from jaxfeed.loaders.workers.spawn import children_ignore_stop_signals
 
 SOURCES = ("memory", "tfds")
 OPTIONS = ("order", "source", "num_workers", "num_threads")
-
-
-class ArraySource:
-    """Grain random-access source over in-memory arrays, plus batched reads.
-
-    Satisfies ``grain.sources.RandomAccessDataSource`` (``__len__``,
-    ``__getitem__``) for record-level pipelines; ``read_batch`` is the
-    vectorised path this backend uses.
-    """
-
-    def __init__(self, arrays: Mapping[str, np.ndarray]):
-        self.arrays = dict(arrays)
-        self._rows = len(next(iter(self.arrays.values())))
-
-    def __getstate__(self) -> dict:
-        # Into a worker: an on-disk field as where it lies, not as all its bytes.
-        return {**self.__dict__, "arrays": for_pickle(self.arrays)}
-
-    def __setstate__(self, state: dict) -> None:
-        self.__dict__.update(state, arrays=from_pickle(state["arrays"]))
-
-    def __len__(self) -> int:
-        return self._rows
-
-    def __getitem__(self, index: int) -> dict[str, np.ndarray]:
-        return {key: array[index] for key, array in self.arrays.items()}
-
-    def read_batch(self, indices: np.ndarray) -> dict[str, np.ndarray]:
-        """One numpy gather per field for the whole batch."""
-        return {key: array[indices] for key, array in self.arrays.items()}
 
 
 class TfdsSource:
@@ -70,7 +40,7 @@ class TfdsSource:
 
     def __init__(self, source: Sequence[Mapping[str, np.ndarray]], dataset: ArrayDataset):
         self.source = source
-        self._empty = ArraySource({key: array[:0] for key, array in dataset.arrays.items()})
+        self._empty = ArrayRows({key: array[:0] for key, array in dataset.arrays.items()})
 
     def __len__(self) -> int:
         return len(self.source)
@@ -101,7 +71,7 @@ class _GatherBatch(grain.transforms.Map):
     """Maps one array of indices to one batch (picklable for worker processes);
     ``(epoch, indices)`` to ``(epoch, indices, batch)`` for `_TransformBatch`."""
 
-    def __init__(self, records: ArraySource | TfdsSource):
+    def __init__(self, records: ArrayRows | TfdsSource):
         self.records = records
 
     def map(self, element: np.ndarray | tuple) -> dict[str, np.ndarray] | tuple:
@@ -159,7 +129,7 @@ class _Reader:
     def __init__(
         self,
         index_batches: grain.MapDataset,
-        records: ArraySource | TfdsSource,
+        records: ArrayRows | TfdsSource,
         num_workers: int,
         num_threads: int,
         transform: RecordTransform | None = None,
@@ -245,7 +215,7 @@ class GrainSource(SampledSource):
         self.num_workers = num_workers
         self.num_threads = (0 if source == "memory" else 16) if num_threads is None else num_threads
         if source == "memory":
-            self.records = ArraySource(dataset.arrays)
+            self.records = ArrayRows(dataset.arrays)
         else:
             self.records = TfdsSource(_tfds_data_source(dataset), dataset)
         self._workers: _Reader | None = None

@@ -35,9 +35,9 @@ from jaxfeed.loaders.array_dataset import ArrayDataset
 from jaxfeed.loaders.backends.sampled_source import SampledSource
 from jaxfeed.loaders.bytes_field import BytesField
 from jaxfeed.loaders.data.cache import build_once, cache_entry
-from jaxfeed.loaders.disk_read_ahead import MappedRows
 from jaxfeed.loaders.sampler import Sampler
 from jaxfeed.loaders.transform import RecordTransform
+from jaxfeed.loaders.workers.disk_read_ahead import MappedRows
 from tqdm import tqdm
 
 OPTIONS = ("order", "read", "num_workers")

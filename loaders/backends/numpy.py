@@ -7,7 +7,7 @@ from collections.abc import Iterator, Mapping, Sequence
 import numpy as np
 from jaxfeed.loaders.backends.sampled_source import SampledSource
 from jaxfeed.loaders.data.catalog import ArrayDataset
-from jaxfeed.loaders.record_pool import ArrayRows
+from jaxfeed.loaders.rows import ArrayRows
 from jaxfeed.loaders.sampler import Sampler
 from jaxfeed.loaders.transform import RecordTransform
 
@@ -33,13 +33,13 @@ class NumpySource(SampledSource):
     ):
         super().__init__(dataset, sampler, transform=transform)
         self.rows = ArrayRows(dataset.arrays)
-        self._start_pool("numpy", self.rows, num_workers)
+        self._start_pool("numpy", self.rows.read_batch, num_workers)
 
     def _fetch(
         self, index_batches: Sequence[np.ndarray], epoch: int
     ) -> Iterator[Mapping[str, np.ndarray]]:
         for indices in index_batches:
-            rows = self.rows(indices)
+            rows = self.rows.read_batch(indices)
             yield rows if self.transform is None else self.transform.batch(rows, indices, epoch)
 
 

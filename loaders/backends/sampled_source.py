@@ -15,12 +15,13 @@ import numpy as np
 from jaxfeed.loaders.array_dataset import ArrayDataset
 from jaxfeed.loaders.bytes_field import BytesField
 from jaxfeed.loaders.checks import check_workers
-from jaxfeed.loaders.data.on_disk import advise
-from jaxfeed.loaders.disk_read_ahead import DiskReadAhead, MappedRows, mapped_rows
 from jaxfeed.loaders.protocol import MASK_KEY, ArraySpec, Batch
-from jaxfeed.loaders.record_pool import RecordPool, RowReader
+from jaxfeed.loaders.rows import pad_rows
 from jaxfeed.loaders.sampler import Sampler
 from jaxfeed.loaders.transform import RecordTransform
+from jaxfeed.loaders.workers.disk_read_ahead import DiskReadAhead, MappedRows, mapped_rows
+from jaxfeed.loaders.workers.mapped_files import advise
+from jaxfeed.loaders.workers.record_pool import RecordPool, RowReader
 
 
 class SampledSource(abc.ABC):
@@ -163,7 +164,7 @@ class SampledSource(abc.ABC):
     def _advise(self, random_order: bool) -> None:
         """Page-sized reads of on-disk rows for a random order of data that the
         page cache cannot hold, read-around otherwise
-        (`jaxfeed.loaders.data.on_disk.advise`). Read-around warms data that
+        (`jaxfeed.loaders.workers.mapped_files.advise`). Read-around warms data that
         fits in memory faster (measured, 1M rows read cold: numpy 1.4M rows/s
         with it, grain 547k without); past memory it reads ~3 MB per random
         row. A backend that reads its own mapped copy (hf) advises that too."""
@@ -242,10 +243,3 @@ def _bigger_than_half_of_memory(dataset: ArrayDataset) -> bool:
     except (ValueError, OSError):
         return True
     return sum(array.nbytes for array in dataset.arrays.values()) > memory // 2
-
-
-def pad_rows(array: np.ndarray, size: int) -> np.ndarray:
-    """``array`` followed by zero rows up to ``size`` rows."""
-    out = np.zeros((size, *array.shape[1:]), array.dtype)
-    out[: len(array)] = array
-    return out

@@ -23,10 +23,10 @@ from jaxfeed.loaders.backends.sampled_source import SampledSource
 from jaxfeed.loaders.backends.tfds_store import split_name, store
 from jaxfeed.loaders.bytes_field import BytesField
 from jaxfeed.loaders.checks import check_workers
-from jaxfeed.loaders.data.on_disk import file_rows
 from jaxfeed.loaders.frameworks.tf import import_tensorflow, import_tfds
 from jaxfeed.loaders.sampler import Sampler
 from jaxfeed.loaders.transform import RecordTransform
+from jaxfeed.loaders.workers.mapped_files import file_rows
 
 OPTIONS = ("order", "num_workers")
 

@@ -13,9 +13,9 @@ from typing import Any
 
 import numpy as np
 from jaxfeed.loaders.array_dataset import as_device_dtype
-from jaxfeed.loaders.backends.sampled_source import pad_rows
 from jaxfeed.loaders.checks import check_int
 from jaxfeed.loaders.protocol import ArraySpec, Batch
+from jaxfeed.loaders.rows import pad_rows
 
 DEFAULT_KEYS = ("image", "label")  # the names of a 2-tuple batch's parts
 

@@ -26,25 +26,17 @@ shutdown (1 run in 7).
 
 from __future__ import annotations
 
-import ast
 import base64
-import inspect
-import sys
 import time
-import types
 import warnings
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
 from jaxfeed.loaders.frameworks.torch import loader_workers
-from jaxfeed.loaders.workers import (
-    SPAWN,
-    SPAWN_WITHOUT_MAIN,
-    main_script_names,
-    reported_start,
-    start_method,
-)
+from jaxfeed.loaders.workers.main_script import main_script_uses, rerun_problem
+from jaxfeed.loaders.workers.spawn import SPAWN, SPAWN_WITHOUT_MAIN, reported_start, start_method
+from jaxfeed.loaders.workers.torch_epochs import EpochLoaders, iterate
 from jaxfeed.loaders.wrapping.epochs import Epochs, WrapSettings
 from jaxfeed.loaders.wrapping.random_access import (
     RandomAccess,
@@ -190,8 +182,6 @@ def _torch_reader(dataset: Any, kwargs: dict[str, Any], seed: int) -> Callable[.
     """Reads plans through DataLoaders built like the user's (`EpochLoaders`),
     each batch's ``__getitem__`` and collate calls drawing from torch's RNG
     seeded by the batch (see `_SeededBatches`)."""
-    from jaxfeed.loaders.backends.torch import EpochLoaders
-
     user_collate = kwargs.pop("collate_fn", None)
     if user_collate is None:
         from torch.utils.data import default_collate as user_collate
@@ -283,7 +273,6 @@ class TorchCursor(IterCursor):
 
     def begin(self, pass_: int, state: Any, in_pass: int) -> None:
         import torch
-        from jaxfeed.loaders.backends.torch import iterate  # imports torch, which the user has
 
         began = time.perf_counter()  # (torchdata's state_dict() below may start the workers)
         self._close()
@@ -484,10 +473,10 @@ def worker_context(loader: Any, sampled: bool = False) -> Any:
         problem = "it was built with multiprocessing_context='fork'"
     else:
         parts = ("dataset", "collate_fn", "worker_init_fn")
-        problem, from_main = _pickled({name: getattr(loader, name) for name in parts})
+        problem, from_main = main_script_uses({name: getattr(loader, name) for name in parts})
         if problem is None and not from_main and sampled:
             return SPAWN_WITHOUT_MAIN
-        problem = problem or _main_problem(from_main)
+        problem = problem or rerun_problem(from_main, "wrap()")
     if problem is None or method == "spawn":  # (spawn: torch's own errors, as the user's loader)
         return SPAWN
     warnings.warn(
@@ -501,57 +490,3 @@ def worker_context(loader: Any, sampled: bool = False) -> Any:
         stacklevel=4,  # wrap()'s caller (through torch.wrap_loader)
     )
     return context
-
-
-def _pickled(parts: Mapping[str, Any]) -> tuple[str | None, list[tuple[str, str]]]:
-    """Why ``parts`` do not pickle (or None), and the ``(part, name)`` of
-    each class or function defined in the main script that they use."""
-    from_main: list[tuple[str, str]] = []
-    for part, value in parts.items():
-        try:
-            from_main += [(part, name) for name in main_script_names(value)]
-        except Exception as error:  # whatever fails, it does not pickle
-            return f"its {part} does not pickle ({type(error).__name__}: {error})", from_main
-    return None, from_main
-
-
-def _main_problem(from_main: list[tuple[str, str]]) -> str | None:
-    """Why workers that run the main script again (spawn's way) could not
-    start, or None."""
-    main = sys.modules["__main__"]
-    main_file = getattr(main, "__file__", None)
-    if from_main and main_file is None:
-        part, name = from_main[0]
-        return (
-            f"its {part} uses {name}, defined in an interactive session, which spawned "
-            f"workers cannot import"
-        )
-    if main_file is not None and not _called_under_main_guard(main, main_file):
-        return f"{main_file} calls wrap() outside `if __name__ == '__main__':` (spawn re-runs it)"
-    return None
-
-
-def _called_under_main_guard(main: types.ModuleType, main_file: str) -> bool:
-    """Whether the main script's top-level code reaches this call from inside
-    ``if __name__ == "__main__":`` (spawn re-runs everything outside it)."""
-    frame, line = inspect.currentframe(), None
-    while frame is not None:
-        if frame.f_globals is vars(main) and frame.f_code.co_name == "<module>":
-            line = frame.f_lineno
-        frame = frame.f_back
-    if line is None:
-        return True  # not called from the script's top-level code
-    try:
-        with open(main_file, encoding="utf-8") as file:
-            tree = ast.parse(file.read())
-    except (OSError, SyntaxError, ValueError):
-        return False
-    return any(
-        isinstance(node, ast.If)
-        and ast.unparse(node.test).replace("'", '"') in _GUARDS
-        and node.lineno <= line <= (node.end_lineno or node.lineno)
-        for node in tree.body
-    )
-
-
-_GUARDS = ('__name__ == "__main__"', '"__main__" == __name__')

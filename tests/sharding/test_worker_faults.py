@@ -44,6 +44,7 @@ def make_source():
         )
     import torch
     from jaxfeed.loaders.backends import torch as torch_backend
+    from jaxfeed.loaders.workers.torch_epochs import keep_batch
 
     data = loaders.load_dataset(case["dataset"], "test")
     loader = torch.utils.data.DataLoader(
@@ -51,7 +52,7 @@ def make_source():
         batch_size=128,
         num_workers=2,
         multiprocessing_context="spawn",
-        collate_fn=torch_backend._keep_batch,  # numpy batches, pickled through a pipe
+        collate_fn=keep_batch,  # numpy batches, pickled through a pipe
     )
     return loaders.wrap(loader)  # reads the first batch: its workers start on this thread
 

@@ -13,6 +13,7 @@ from jaxfeed.loaders.backends import grain as grain_backend
 from jaxfeed.loaders.backends import tfds_store
 from jaxfeed.loaders.data.cache import cache_root
 from jaxfeed.loaders.data.catalog import ArrayDataset
+from jaxfeed.loaders.rows import ArrayRows
 from jaxfeed.loaders.sampler import Sampler
 
 from jaxfeed import loaders
@@ -43,7 +44,7 @@ def test_worker_processes_match_in_process_and_numpy_after_jax_runs():
 
 def test_sampler_order_reads_whole_batches(monkeypatch):
     calls = []
-    read_batch = grain_backend.ArraySource.read_batch
+    read_batch = ArrayRows.read_batch
 
     def counting(self, indices):
         calls.append(len(indices))
@@ -52,8 +53,8 @@ def test_sampler_order_reads_whole_batches(monkeypatch):
     def per_record(self, index):
         raise AssertionError("the batched path must not read single records")
 
-    monkeypatch.setattr(grain_backend.ArraySource, "read_batch", counting)
-    monkeypatch.setattr(grain_backend.ArraySource, "__getitem__", per_record)
+    monkeypatch.setattr(ArrayRows, "read_batch", counting)
+    monkeypatch.setattr(ArrayRows, "__getitem__", per_record)
     source = loaders.make("grain", dataset="mnist-sample", split="test", batch_size=96)
     batches = list(source.iter_epoch(0, start=2))
     assert len(batches) == source.num_batches - 2

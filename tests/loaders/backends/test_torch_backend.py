@@ -1,15 +1,11 @@
 """Quirks of the torch backend (the shared contract suite covers the rest)."""
 
 import faulthandler
-import multiprocessing
-import os
 import re
-import signal
 
 import numpy as np
 import pytest
 from jaxfeed.loaders.backends import torch as torch_backend
-from jaxfeed.loaders.workers import raise_if_dead
 
 from jaxfeed import loaders
 
@@ -130,36 +126,3 @@ def test_workers_persist_by_default_and_a_second_epoch_at_once_gets_its_own(dead
     _assert_identical([list(source.iter_epoch(2))], [list(reference.iter_epoch(2))])
     assert source._read._shared._iterator._workers == workers, "the workers were restarted"
     assert all(w.is_alive() for w in workers)
-
-
-def test_worker_errors_reach_the_consumer_in_order(deadlock_guard):
-    import torch
-
-    data = loaders.make("numpy", dataset="mnist-sample").dataset
-    loader = torch.utils.data.DataLoader(
-        torch_backend.ArrayTorchDataset(data.arrays),
-        batch_sampler=[[0, 1], [4000]],  # the second batch reads past the 4,000 rows
-        num_workers=1,
-        multiprocessing_context="spawn",
-        collate_fn=torch_backend._keep_batch,
-    )
-    batches = torch_backend.iterate(loader)
-    np.testing.assert_array_equal(next(batches)["label"], data["label"][:2])
-    with pytest.raises(IndexError, match="Caught IndexError in DataLoader worker process 0"):
-        next(batches)
-
-
-@pytest.mark.parametrize(
-    "target, args, how",
-    [
-        (os._exit, (3,), "exited with code 3"),
-        (signal.raise_signal, (signal.SIGTERM,), "was killed by signal SIGTERM"),
-    ],
-    ids=["exit-code", "signal"],
-)
-def test_a_dead_worker_is_named_with_how_it_ended(target, args, how):
-    worker = multiprocessing.get_context("spawn").Process(target=target, args=args)
-    worker.start()
-    worker.join()
-    with pytest.raises(RuntimeError, match=re.escape(f"worker (pid {worker.pid}) {how} while")):
-        raise_if_dead([worker], "DataLoader worker", "a smaller prefetch_factor")

@@ -4,7 +4,6 @@ midway never served."""
 
 import json
 import os
-import pickle
 import signal
 import subprocess
 import sys
@@ -14,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from backend_helpers import assert_same_batches
-from jaxfeed.loaders.data.on_disk import file_rows, for_pickle, from_pickle
+from jaxfeed.loaders.workers.mapped_files import file_rows
 
 from jaxfeed import loaders
 
@@ -69,17 +68,6 @@ def test_on_disk_data_reads_byte_identical_to_the_same_data_in_memory(on_disk, b
     for epoch in (0, 1):
         assert_same_batches(list(disk.iter_epoch(epoch)), list(memory.iter_epoch(epoch)))
     assert_same_batches(list(disk.iter_epoch(1, start=4)), list(memory.iter_epoch(1, start=4)))
-
-
-def test_an_on_disk_field_pickles_as_where_it_lies(on_disk):
-    root, fields = on_disk
-    data = loaders.load_dataset(root, "train")
-    blob = pickle.dumps(for_pickle(dict(data.arrays)))
-    assert len(blob) < 2000  # not the ~35 kB of rows
-    again = from_pickle(pickle.loads(blob))
-    for name, array in fields["train"].items():
-        np.testing.assert_array_equal(again[name], array)
-        assert isinstance(again[name], np.memmap) and not again[name].flags.writeable
 
 
 def test_an_on_disk_dataset_changed_in_place_gets_a_new_cache_key(tmp_path):
@@ -207,44 +195,3 @@ def test_a_conversion_killed_midway_is_rebuilt_never_served(on_disk, tmp_path):
     assert result.returncode == 0, result.stderr
     np.testing.assert_array_equal(np.load(tmp_path / "labels.npy"), fields["train"]["label"])
     assert [p.name for p in (cache / "hf").iterdir() if ".build-" in p.name] == []  # cleaned up
-
-
-def test_read_ahead_asks_for_the_coming_blocks_as_long_ranges(tmp_path, monkeypatch):
-    from jaxfeed.loaders import disk_read_ahead
-    from jaxfeed.loaders.disk_read_ahead import DiskReadAhead, mapped_rows
-    from jaxfeed.loaders.sampler import Sampler
-
-    asked = []
-    monkeypatch.setattr(disk_read_ahead, "_MADVISE", lambda *a: asked.append(a[:2]))
-    monkeypatch.setattr(disk_read_ahead, "_MINCORE", None)  # as if nothing were cached
-    directory = _save(tmp_path / "d", {"x": np.zeros((4000, 1024), np.uint8)})
-    (x,) = loaders.load_dataset(directory).arrays.values()
-    for shuffle, kwargs in (("blocks", {"block_rows": 100, "window_blocks": 2}), (True, {})):
-        asked.clear()
-        plan = [i for i, _ in Sampler(4000, 200, shuffle=shuffle, **kwargs).epoch_plan(0)]
-        ahead = DiskReadAhead(mapped_rows([x]), plan)  # no reader yet: all 20 are ahead
-        deadline = time.monotonic() + 10
-        while len(asked) < 20 and time.monotonic() < deadline:
-            time.sleep(0.01)
-        ahead.close()
-        assert all(start % 4096 == 0 for start, _ in asked)  # madvise wants pages
-        if shuffle == "blocks":  # a batch is one window: 2 blocks, 1 or 2 ranges of 100 rows
-            assert 20 <= len(asked) <= 40, asked
-            assert all(100 << 10 <= length < (200 << 10) + 4096 for _, length in asked), asked
-        else:  # 200 random rows of 4,000: gaps under 64 KiB merge them into long ranges
-            assert len(asked) >= 20
-
-
-def test_a_random_order_reads_pages_not_read_around_also_in_workers(on_disk):
-    # MADV_RANDOM: without it one random 784-byte row read ~3 MB (461 rows/s on
-    # 36M rows bigger than memory, against 14,000 with it).
-    from jaxfeed.loaders.data.on_disk import advise
-
-    root, _ = on_disk
-    data = loaders.load_dataset(root, "train")
-    for random in (True, False):
-        advise(data["image"], random)
-        (reopened,) = from_pickle(
-            pickle.loads(pickle.dumps(for_pickle({"i": data["image"]})))
-        ).values()
-        assert reopened._jaxfeed_random_reads is random  # a worker's map gets the same advice

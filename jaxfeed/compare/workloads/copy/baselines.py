@@ -166,10 +166,10 @@ def _tf(images: np.ndarray, labels: np.ndarray, batch_size: int, seed: int) -> B
 def _grain(images: np.ndarray, labels: np.ndarray, batch_size: int, seed: int) -> list[Baseline]:
     import grain
 
-    from jaxfeed.loaders.backends.grain import ArraySource
+    from jaxfeed.loaders.rows import ArrayRows
 
     # Per-record __getitem__, as Grain's tutorials write.
-    records = ArraySource({"image": images, "label": labels})
+    records = ArrayRows({"image": images, "label": labels})
 
     sampler = grain.samplers.IndexSampler(
         num_records=len(records),

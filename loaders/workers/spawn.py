@@ -19,7 +19,8 @@ past its timeout Grain kills its workers (SIGKILL).
 `SPAWN_WITHOUT_MAIN`'s processes also skip what spawn does first in every
 child: run the parent's main script again (its imports: JAX, a model
 library, seconds per worker). Only for workers whose every input is known
-not to come from that script. `reported_start` says once what starting
+not to come from that script (`jaxfeed.loaders.workers.main_script` tells).
+`reported_start` says once what starting
 spawned workers cost.
 """
 
@@ -29,12 +30,10 @@ import contextlib
 import ctypes
 import multiprocessing
 import os
-import pickle
 import signal
 import sys
 import threading
 import time
-import types
 from collections.abc import Generator, Iterable, Iterator
 from multiprocessing import spawn, util
 from multiprocessing.context import SpawnContext, SpawnProcess
@@ -274,47 +273,3 @@ def raise_if_dead(processes: Iterable[multiprocessing.Process], what: str, light
             f"{what} (pid {process.pid}) {how} while batches were being read, "
             f"so this epoch cannot complete; {hint}"
         )
-
-
-def main_script_names(obj: object) -> list[str]:
-    """The classes and functions defined in the main script (``__main__``) that
-    pickling ``obj`` needs: workers started with `SPAWN_WITHOUT_MAIN` could not
-    load them. Arrays' and tensors' bytes are skipped, so the probe costs
-    nothing like a real pickle.
-
-    Raises:
-      Whatever pickling ``obj`` raises: it cannot reach a spawned worker.
-    """
-    import numpy as np
-
-    names: list[str] = []
-
-    class _Probe(pickle.Pickler):
-        def persistent_id(self, value: Any) -> Any:
-            kind = type(value)
-            if isinstance(value, np.ndarray) and not value.dtype.hasobject:
-                return 0  # arrays always pickle: skip their bytes
-            if kind.__name__ == "Tensor" and kind.__module__.startswith("torch"):
-                return 0
-            if isinstance(value, type | types.FunctionType) and value.__module__ == "__main__":
-                names.append(value.__qualname__)
-            return None
-
-    _Probe(_Discard(), protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
-    return names
-
-
-def from_main(*objects: object) -> bool:
-    """Whether pickling ``objects`` needs the main script (then workers must
-    start with `SPAWN`, which runs the script again, not `SPAWN_WITHOUT_MAIN`)."""
-    try:
-        return bool(main_script_names(objects))
-    except Exception:
-        return True  # cannot tell: keep the main script
-
-
-class _Discard:
-    """A file that forgets what is written to it."""
-
-    def write(self, data: bytes) -> int:
-        return len(data)

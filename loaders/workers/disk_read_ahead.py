@@ -24,8 +24,8 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 import numpy as np
-from jaxfeed.loaders.data.on_disk import MADVISE as _MADVISE
-from jaxfeed.loaders.data.on_disk import file_rows, libc_function
+from jaxfeed.loaders.workers.mapped_files import MADVISE as _MADVISE
+from jaxfeed.loaders.workers.mapped_files import file_rows, libc_function
 
 AHEAD_BYTES = 256 << 20
 """How far ahead of the reader rows are asked for (at least one batch)."""

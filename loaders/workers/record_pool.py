@@ -4,7 +4,7 @@ hf backends' ``num_workers`` (torch, Grain and tf.data bring their own).
 Processes, not threads: a per-record transform is Python (decode calls,
 crops, flips) and holds the GIL for much of each record (measured on
 digits-png, see docs/data.md). A finished batch comes back as a file in
-shared memory (`jaxfeed.loaders.shared_batches`), not through a pipe.
+shared memory (`jaxfeed.loaders.workers.shared_batches`), not through a pipe.
 """
 
 from __future__ import annotations
@@ -17,36 +17,19 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
-from jaxfeed.loaders import shared_batches
-from jaxfeed.loaders.data.on_disk import for_pickle, from_pickle
 from jaxfeed.loaders.frameworks.multiprocessing import pool_processes
 from jaxfeed.loaders.transform import RecordTransform
-from jaxfeed.loaders.workers import SPAWN, SPAWN_WITHOUT_MAIN, from_main, raise_if_dead
+from jaxfeed.loaders.workers import shared_batches
+from jaxfeed.loaders.workers.main_script import from_main
+from jaxfeed.loaders.workers.spawn import SPAWN, SPAWN_WITHOUT_MAIN, raise_if_dead
 
-__all__ = ["ArrayRows", "RecordPool"]
+__all__ = ["RecordPool", "RowReader"]
 
 # How often a reader waiting for a batch checks that the workers still run.
 _POLL_SECONDS = 0.1
 
 RowReader = Callable[[np.ndarray], Mapping[str, Any]]
 """Index array -> each field's values of those rows (picklable into workers)."""
-
-
-class ArrayRows:
-    """Gathers rows of in-memory (or memory-mapped) fields: one numpy gather
-    per field; pickled, an on-disk field travels as where it lies."""
-
-    def __init__(self, arrays: Mapping[str, Any]):
-        self.arrays = dict(arrays)
-
-    def __getstate__(self) -> dict:
-        return {"arrays": for_pickle(self.arrays)}
-
-    def __setstate__(self, state: dict) -> None:
-        self.arrays = from_pickle(state["arrays"])
-
-    def __call__(self, indices: np.ndarray) -> dict[str, Any]:
-        return {key: array[indices] for key, array in self.arrays.items()}
 
 
 # One worker's reader, transform and output directory, set once as it starts.
@@ -58,7 +41,7 @@ def _start(read: RowReader, transform: RecordTransform, directory: str) -> None:
     _WORK = (read, transform, directory)
 
 
-def _batch(indices: np.ndarray, epoch: int) -> tuple[str, shared_batches.Layout]:
+def _batch(indices: np.ndarray, epoch: int) -> shared_batches.Handed:
     """In a worker: one batch, handed back as a file (`shared_batches`)."""
     read, transform, directory = _WORK
     return shared_batches.write(transform.batch(read(indices), indices, epoch), directory)

@@ -17,13 +17,21 @@ import shutil
 import tempfile
 import uuid
 from collections.abc import Mapping
+from typing import NamedTuple
 
 import numpy as np
 
-__all__ = ["Layout", "collect", "make_directory", "remove_directory", "write"]
+__all__ = ["Handed", "Layout", "collect", "make_directory", "remove_directory", "write"]
 
 Layout = list[tuple[str, str, tuple[int, ...]]]
 """A batch file's fields in order: name, dtype, shape."""
+
+
+class Handed(NamedTuple):
+    """A batch a worker wrote to a file (`write`): what it hands back."""
+
+    path: str
+    layout: Layout
 
 
 def make_directory() -> str:
@@ -37,13 +45,13 @@ def remove_directory(directory: str) -> None:
     shutil.rmtree(directory, ignore_errors=True)
 
 
-def write(batch: Mapping[str, np.ndarray], directory: str) -> tuple[str, Layout]:
+def write(batch: Mapping[str, np.ndarray], directory: str) -> Handed:
     """In a worker: ``batch`` as a new file in ``directory``; the file and its layout."""
     path = os.path.join(directory, uuid.uuid4().hex)
     with open(path, "wb") as file:
         for array in batch.values():
             file.write(np.ascontiguousarray(array).data)
-    return path, [(key, array.dtype.str, array.shape) for key, array in batch.items()]
+    return Handed(path, [(key, array.dtype.str, array.shape) for key, array in batch.items()])
 
 
 def collect(path: str, layout: Layout) -> dict[str, np.ndarray]:

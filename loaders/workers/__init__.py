@@ -1,0 +1,18 @@
+"""Everything that starts, feeds, signals and stops processes and threads.
+
+- `spawn`: the spawn contexts whose workers leave Ctrl-C and SIGTERM to
+  their parent, the start method, the report of a slow start, a dead worker
+  named as an error.
+- `main_script`: what a spawned worker would need from the user's main
+  script, and whether that script can be run again.
+- `record_pool`: the numpy and hf backends' transform worker processes.
+- `shared_batches`: finished batches handed back as files in shared memory.
+- `read_ahead`: one thread body reading an iterator into a bounded queue.
+- `disk_read_ahead`: a thread asking the kernel for the coming rows of
+  memory-mapped fields.
+- `mapped_files`: where a memory-mapped field lies, the kernel's read
+  advice, and an on-disk field pickled as where it lies.
+- `torch_epochs`: torch DataLoaders serving epochs, their workers watched.
+
+None of them imports a backend, a wrap module or a dataset module.
+"""
