@@ -92,6 +92,9 @@ class TrainingRun:
         self.interrupts = Interrupts()
         self.stop_signal: int | None = None  # what stopped the run, once decided
         self.checked_step = 0  # the last step whose sums were found finite
+        # Whether the source was asked for its data state at the run's first
+        # batch: a checkpoint needs it, so a refusal is said then, not at the first save.
+        self.state_asked = checkpointer is None or not isinstance(train, Resumable)
 
     def resume(self, state: Any) -> tuple[Any, Sums]:
         """State and sums of the newest checkpoint, the position set to its own
@@ -206,6 +209,26 @@ class TrainingRun:
             data_state=data_state,
         )
 
+    def ask_data_state(self) -> None:
+        """Asks the source where it stands after the run's first batch, as the
+        first checkpoint will: a pipeline that cannot say (a tf.data pipeline
+        with a stateful op, an unseeded shuffle) is refused now, not after
+        training up to that checkpoint.
+
+        Raises:
+          ValueError: the source's refusal, with a note saying why it is asked.
+        """
+        self.state_asked = True
+        try:
+            self.train.data_state(self.epoch, self.next_batch)
+        except ValueError as error:
+            error.add_note(
+                f"(asked at the run's first batch: checkpoint={self.checkpointer.directory} "
+                "saves where the data stands; fix the pipeline as said, or train without "
+                "checkpoint=)"
+            )
+            raise
+
     def stopped(self) -> KeyboardInterrupt:
         """`Preempted` after SIGTERM (also a peer's), else KeyboardInterrupt."""
         where = f"epoch {self.epoch + 1}, batch {self.next_batch} (step {self.step})"
@@ -260,6 +283,8 @@ class TrainingRun:
                 n = next(iter(batch.values())).shape[0] if self.k > 1 else 1  # [k', B, ...]
                 self.next_batch += n
                 self.step += n
+                if not self.state_asked:
+                    self.ask_data_state()
                 save_due = every is not None and self.step // every > (self.step - n) // every
                 bar.update(n)
                 totals = self.after_steps(n, feed.num_batches, state, totals)

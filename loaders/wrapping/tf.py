@@ -166,7 +166,9 @@ class TfCursor:
         self._spec = dataset.element_spec
         self._endless = int(dataset.cardinality()) == -1
         # Why tf.data cannot checkpoint this pipeline; None: it can.
-        self._cannot: str | None = _shuffle_state_lost(dataset) if self._endless else None
+        self._cannot: str | None = (
+            _shuffle_state_lost(dataset) if self._endless else _fresh_shuffle(dataset)
+        )
         self.keep_state = True  # False: no checkpoints taken (nothing will ask for one)
         self._iterator: Any = None
         self._start: dict[str, str] | None = None  # the checkpoint of this pass's start
@@ -283,6 +285,21 @@ def _shuffle_state_lost(dataset: Any) -> str | None:
     return None
 
 
+def _fresh_shuffle(dataset: Any) -> str | None:
+    """Why a pass-by-pass pipeline cannot be resumed exactly: an unseeded
+    ``.shuffle()`` draws the order of every pass after a resume from a fresh
+    process's random seed, so those epochs would differ from the run's (the
+    interrupted epoch itself is restored). None when every shuffle is seeded."""
+    if not _unseeded_shuffle(dataset):
+        return None
+    return (
+        "its .shuffle() has no seed, so after a resume (a fresh process) every later epoch "
+        "would be shuffled differently from the run it continues; pass seed= to .shuffle() "
+        "(e.g. .shuffle(1000, seed=0): each epoch still reshuffles), or call "
+        "tf.random.set_seed(...) before building the pipeline"
+    )
+
+
 def _empty_like(tree: Any, spec: Any) -> Any:
     """A batch of no rows shaped like ``tree`` (or, with no batch read yet,
     like ``spec`` with unknown dims 0). Another iterator would draw from the
@@ -299,7 +316,19 @@ def _zeros_of(spec: Any) -> np.ndarray:
 
 def _check_shardable(dataset: Any) -> None:
     """Refuses a pipeline whose order may differ between processes (an
-    unseeded shuffle), which ``Dataset.shard`` would split into overlapping rows.
+    unseeded shuffle), which ``Dataset.shard`` would split into overlapping rows."""
+    if _unseeded_shuffle(dataset):
+        raise ValueError(
+            "the wrapped tf.data.Dataset shuffles without a seed, so each process would "
+            "shuffle differently and Dataset.shard(process_count, process_index) would "
+            "give processes overlapping rows; pass seed= to .shuffle() (the same on every "
+            "process), or shard it yourself before shuffling and pass process_count=1"
+        )
+
+
+def _unseeded_shuffle(dataset: Any) -> bool:
+    """Whether a ``.shuffle()`` of the pipeline has no seed (neither its own nor
+    one from ``tf.random.set_seed``): its order then differs in every process.
 
     TF has no public way to walk a pipeline: the tf door reads its inputs
     and a shuffle's seeds (both 0 when unseeded).
@@ -309,13 +338,9 @@ def _check_shardable(dataset: Any) -> None:
         node = todo.pop()
         seeds = tf_door.shuffle_seeds(node)
         if "Shuffle" in type(node).__name__ and all(s is not None and int(s) == 0 for s in seeds):
-            raise ValueError(
-                "the wrapped tf.data.Dataset shuffles without a seed, so each process would "
-                "shuffle differently and Dataset.shard(process_count, process_index) would "
-                "give processes overlapping rows; pass seed= to .shuffle() (the same on every "
-                "process), or shard it yourself before shuffling and pass process_count=1"
-            )
+            return True
         todo.extend(tf_door.pipeline_inputs(node))
+    return False
 
 
 # --- TFDS data sources: random access, read in the shared sampler's order ---------------

@@ -80,3 +80,55 @@ def test_a_grain_chain_with_a_finite_repeat_is_refused_unless_an_epoch_is_said()
     stream = jaxfeed.wrap(chain.to_iter_dataset(), steps_per_epoch=5)  # one pass, said
     assert len(_epoch(stream)) == stream.num_batches == 5
     assert jaxfeed.wrap(records.repeat().batch(8), steps_per_epoch=5).num_batches == 5  # endless
+
+
+def _rows_pipeline(tf):
+    return tf.data.Dataset.from_tensor_slices(
+        {"x": np.arange(64, dtype=np.float32), "label": np.arange(64, dtype=np.int32)}
+    )
+
+
+def test_an_unseeded_tf_shuffle_is_refused_for_an_exact_resume_by_name():
+    from jaxfeed.loaders.frameworks.tf import import_tensorflow
+
+    tf = import_tensorflow()
+    unseeded = jaxfeed.wrap(_rows_pipeline(tf).shuffle(16).batch(8))  # TF's tutorial pipeline
+    _epoch(unseeded)  # trains as it is
+    with pytest.raises(ValueError, match=r"\.shuffle\(\) has no seed, so after a resume"):
+        unseeded.data_state(0, 2)
+    seeded = jaxfeed.wrap(_rows_pipeline(tf).shuffle(16, seed=1).batch(8))
+    _epoch(seeded)
+    assert seeded.data_state(0, 2)["next_batch"] == 2
+
+
+class _Steps(jaxfeed.Callback):
+    def __init__(self):
+        self.seen = 0
+
+    def on_step(self, info):
+        self.seen += 1
+
+
+def test_fit_with_checkpoints_refuses_a_pipeline_it_cannot_checkpoint_at_its_first_batch(
+    tmp_path,
+):
+    import jax.numpy as jnp
+    from jaxfeed.loaders.frameworks.tf import import_tensorflow
+
+    tf = import_tensorflow()
+    noise = tf.random.Generator.from_seed(1)  # TF's tutorial's augmentation option
+    rows = _rows_pipeline(tf).map(lambda r: {**r, "x": r["x"] + noise.uniform([])})
+    source = jaxfeed.wrap(rows.batch(8))
+
+    def step(state, batch):
+        mask = jaxfeed.batch_mask(batch)
+        return state, {"x": jnp.sum(batch["x"] * mask), "count": jnp.sum(mask)}
+
+    steps = _Steps()
+    with pytest.raises(ValueError, match=r"(?s)cannot checkpoint .*asked at the run.s first batch"):
+        jaxfeed.fit(
+            step, {"w": jnp.zeros(())}, source, epochs=2, checkpoint=tmp_path, callbacks=[steps]
+        )
+    assert steps.seen == 0  # not after training up to the first checkpoint
+    fresh = jaxfeed.wrap(rows.batch(8))
+    assert jaxfeed.fit(step, {"w": jnp.zeros(())}, fresh, epochs=1).history  # no checkpoint=
