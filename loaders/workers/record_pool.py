@@ -90,15 +90,19 @@ class RecordPool:
                     os.unlink(future.result()[0])
 
     def _result(self, future: concurrent.futures.Future) -> Any:
-        """The future's result, watching the workers meanwhile: one that died
-        while it started leaves the executor waiting for good (Python 3.11)."""
+        """The future's result, the workers checked with every one: a worker
+        that died while it started leaves the executor waiting for good
+        (Python 3.11), and one killed while idle left the others to finish the
+        epoch without a word (seen under load), so a death is an error here."""
         while True:
             try:
-                return future.result(timeout=_POLL_SECONDS)
+                result = future.result(timeout=_POLL_SECONDS)
             except concurrent.futures.TimeoutError:
-                # No public accessor: the executor keeps its processes in ``_processes``.
-                workers = pool_processes(self._pool)
-                raise_if_dead(workers, "transform worker", "smaller batches")
+                result = None
+            # No public accessor: the executor keeps its processes in ``_processes``.
+            raise_if_dead(pool_processes(self._pool), "transform worker", "smaller batches")
+            if result is not None:
+                return result
 
     def close(self) -> None:
         """Stops the workers; the next batch starts new ones."""
