@@ -7,11 +7,15 @@ pickled through a pipe it cost the reader more than the batch's own
 transform in one worker: on digits-png with 2 cores, 2 workers gave 4,579
 rows/s through the pipe and 8,864 through files (1 worker in this process:
 6,361). Files in a directory of their own need no resource tracker, and
-whatever a cancelled read or a killed worker leaves there goes with it.
+whatever a cancelled read or a killed worker leaves there goes with it. The
+directory's owner holds a lock in it, so the next run removes what a run
+that was killed outright (SIGKILL, out of memory) left in ``/dev/shm``.
 """
 
 from __future__ import annotations
 
+import fcntl
+import glob
 import os
 import shutil
 import tempfile
@@ -34,15 +38,49 @@ class Handed(NamedTuple):
     layout: Layout
 
 
+_PREFIX = "jaxfeed-batches-"
+_OWNER = ".owner.lock"  # held (flock) by the process that made the directory, for its life
+_HELD: dict[str, int] = {}  # directory -> the open lock file that says its owner lives
+
+
 def make_directory() -> str:
-    """A fresh directory in memory (``/dev/shm``), else in the temporary directory."""
+    """A fresh directory in memory (``/dev/shm``), else in the temporary
+    directory, owned by this process through an ``flock`` on a file in it.
+    Directories left by a run that died (even by SIGKILL) are removed first:
+    the kernel freed their lock with their owner, whatever PID namespace it
+    ran in."""
     shm = "/dev/shm"
-    base = shm if os.path.isdir(shm) and os.access(shm, os.W_OK) else None
-    return tempfile.mkdtemp(prefix="jaxfeed-batches-", dir=base)
+    base = shm if os.path.isdir(shm) and os.access(shm, os.W_OK) else tempfile.gettempdir()
+    _remove_orphans(base)
+    directory = tempfile.mkdtemp(prefix=_PREFIX, dir=base)
+    handle = os.open(os.path.join(directory, _OWNER), os.O_CREAT | os.O_WRONLY, 0o600)
+    fcntl.flock(handle, fcntl.LOCK_EX)  # (a fresh file: nobody else holds it)
+    _HELD[directory] = handle
+    return directory
 
 
 def remove_directory(directory: str) -> None:
     shutil.rmtree(directory, ignore_errors=True)
+    handle = _HELD.pop(directory, None)
+    if handle is not None:
+        os.close(handle)
+
+
+def _remove_orphans(base: str) -> None:
+    """Removes the batch directories in ``base`` whose owner is gone (their
+    lock is free); a live run's, and one without a lock file, are left alone."""
+    for directory in glob.glob(os.path.join(base, _PREFIX + "*")):
+        try:
+            handle = os.open(os.path.join(directory, _OWNER), os.O_RDONLY)
+        except OSError:
+            continue  # not ours to judge (made before owners were recorded), or gone
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            continue  # its owner lives
+        finally:
+            os.close(handle)
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 def write(batch: Mapping[str, np.ndarray], directory: str) -> Handed:

@@ -1,0 +1,72 @@
+"""Nothing outlives a run killed outright: its workers end when they see their
+parent gone, and the batch directory it left in /dev/shm goes with the next
+run's first one (the owner's lock died with it)."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from jaxfeed.loaders.workers import shared_batches
+
+TESTS = Path(__file__).resolve().parents[2]
+
+# Reads a batch through two workers, says who they are, then waits to be killed.
+_RUN = r"""
+import glob, json, os, sys
+sys.path.insert(0, sys.argv[2])
+from jaxfeed import loaders
+from transform_helpers import encoded_digits, random_augment
+
+before = set(glob.glob("/dev/shm/jaxfeed-batches-*"))
+source = loaders.make(sys.argv[1], dataset=encoded_digits(32), batch_size=4,
+                      transform=random_augment, num_workers=2)
+batches = source.iter_epoch(0)
+next(batches)
+me = os.getpid()
+children = set()
+for task in os.listdir(f"/proc/{me}/task"):
+    with open(f"/proc/{me}/task/{task}/children") as file:
+        children |= {int(pid) for pid in file.read().split()}
+made = sorted(set(glob.glob("/dev/shm/jaxfeed-batches-*")) - before)
+print(json.dumps({"children": sorted(children), "made": made}), flush=True)
+sys.stdin.read()
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            return not any(line.startswith("State:\tZ") for line in status)  # a zombie is gone
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["numpy", "torch"])
+def test_a_run_killed_outright_leaves_no_worker_and_no_batch_directory(backend):
+    run = subprocess.Popen(
+        [sys.executable, "-c", _RUN, backend, str(TESTS)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        said = json.loads(run.stdout.readline())  # the workers are up and a batch was read
+    finally:
+        run.send_signal(signal.SIGKILL)
+        run.wait(timeout=60)
+    workers = said["children"]
+    assert len(workers) >= 2, said
+    deadline = time.monotonic() + 60
+    while any(_alive(pid) for pid in workers) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not [pid for pid in workers if _alive(pid)], "workers outlived their killed parent"
+    if said["made"]:  # (no /dev/shm here: the temporary directory holds them)
+        assert all(os.path.isdir(d) for d in said["made"])  # left behind by the kill...
+        shared_batches.remove_directory(shared_batches.make_directory())
+        assert not [d for d in said["made"] if os.path.exists(d)]  # ...and gone with the next run
