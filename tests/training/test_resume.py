@@ -193,8 +193,16 @@ def test_kill_during_a_save_resumes_from_the_last_complete_checkpoint(tmp_path, 
             assert child.poll() is None, _log(log)
             assert time.monotonic() < deadline, "the save never started"
             time.sleep(0.05)
-        # The save is under way: Orbax's temporary directory, partly written.
-        (partial,) = directory.glob(f"{blocked}.orbax-checkpoint-tmp*")
+        # The save is under way, blocked: Orbax's temporary directory, partly
+        # written, is there or about to be (its name appears on its own
+        # thread's time: waited for, not assumed, on a loaded machine).
+        partial = []
+        while not partial:
+            partial = list(directory.glob(f"{blocked}.orbax-checkpoint-tmp*"))
+            assert child.poll() is None, _log(log)
+            assert time.monotonic() < deadline, f"no temporary dir: {list(directory.iterdir())}"
+            time.sleep(0.05)
+        (partial,) = partial
         child.kill()
     finally:
         _end([child])
