@@ -20,7 +20,7 @@ from jaxfeed.loaders.rows import pad_rows
 from jaxfeed.loaders.sampler import Sampler
 from jaxfeed.loaders.transform import RecordTransform
 from jaxfeed.loaders.workers.disk_read_ahead import DiskReadAhead, MappedRows, mapped_rows
-from jaxfeed.loaders.workers.mapped_files import advise
+from jaxfeed.loaders.workers.mapped_files import advise, file_rows
 from jaxfeed.loaders.workers.record_pool import RecordPool, RowReader
 
 
@@ -117,6 +117,7 @@ class SampledSource(abc.ABC):
     def iter_epoch(self, epoch: int = 0, *, start: int = 0) -> Iterator[Batch]:
         # Checked now, not at the first batch, and the same way in both orders.
         epoch, start = self.sampler.check_position(epoch, start)
+        _check_files_whole(self.dataset)
         if self.order == "native":
             return self._iter_native(epoch, start)
         return self._iter_sampler(epoch, start)
@@ -233,6 +234,32 @@ class SampledSource(abc.ABC):
             out = {key: pad_rows(value[:num_valid], self.batch_size) for key, value in out.items()}
         out[MASK_KEY] = np.arange(self.batch_size) < num_valid
         return out
+
+
+def _check_files_whole(dataset: ArrayDataset) -> None:
+    """Each on-disk field's file still holds all its rows: one truncated
+    under a live source kills the process at the first read of a page that is
+    gone (SIGBUS), with no word of which file.
+
+    Raises:
+      ValueError: naming the field, the file and the bytes missing.
+    """
+    for name, array in dataset.arrays.items():
+        rows = file_rows(array) if isinstance(array, np.ndarray) else None
+        if rows is None:
+            continue
+        need = rows.offset + len(array) * rows.row_bytes
+        try:
+            size = os.stat(rows.path).st_size
+        except FileNotFoundError:
+            continue  # deleted: its pages stay readable while mapped
+        if size < need:
+            raise ValueError(
+                f"dataset {dataset.name!r}, field {name!r}: {rows.path} holds {size} bytes, "
+                f"but its {len(array)} rows end at byte {need}: the file was cut short after "
+                "it was opened, and reading it would crash the process (SIGBUS); make the "
+                "source again once the file is complete"
+            )
 
 
 def _bigger_than_half_of_memory(dataset: ArrayDataset) -> bool:
