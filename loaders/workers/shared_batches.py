@@ -14,6 +14,8 @@ that was killed outright (SIGKILL, out of memory) left in ``/dev/shm``.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import fcntl
 import glob
 import os
@@ -84,11 +86,31 @@ def _remove_orphans(base: str) -> None:
 
 
 def write(batch: Mapping[str, np.ndarray], directory: str) -> Handed:
-    """In a worker: ``batch`` as a new file in ``directory``; the file and its layout."""
+    """In a worker: ``batch`` as a new file in ``directory``; the file and its layout.
+
+    Raises:
+      OSError: ENOSPC, naming the full file system, its size and the fixes
+        (a container's default /dev/shm is 64 MiB).
+    """
     path = os.path.join(directory, uuid.uuid4().hex)
-    with open(path, "wb") as file:
-        for array in batch.values():
-            file.write(np.ascontiguousarray(array).data)
+    try:
+        with open(path, "wb") as file:
+            for array in batch.values():
+                file.write(np.ascontiguousarray(array).data)
+    except OSError as error:
+        if error.errno != errno.ENOSPC:
+            raise
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+        nbytes = sum(np.asarray(array).nbytes for array in batch.values())
+        total = shutil.disk_usage(directory).total
+        raise OSError(
+            errno.ENOSPC,
+            f"no space left in {os.path.dirname(directory)} ({total / 2**20:.0f} MiB in all) "
+            f"for a batch of {nbytes / 2**20:.1f} MiB from a worker: workers hand batches "
+            "back through it. Give it more room (docker run --shm-size=2g, or a larger "
+            "tmpfs), or use fewer workers or smaller batches",
+        ) from error
     return Handed(path, [(key, array.dtype.str, array.shape) for key, array in batch.items()])
 
 

@@ -1,6 +1,7 @@
-"""Nothing outlives a run killed outright: its workers end when they see their
-parent gone, and the batch directory it left in /dev/shm goes with the next
-run's first one (the owner's lock died with it)."""
+"""Shared memory and workers on a shared machine: nothing outlives a run killed
+outright (its workers end when they see their parent gone, and the batch
+directory it left in /dev/shm goes with the next run's first one, the owner's
+lock having died with it), and a full /dev/shm is named with the fix."""
 
 import json
 import os
@@ -70,3 +71,26 @@ def test_a_run_killed_outright_leaves_no_worker_and_no_batch_directory(backend):
         assert all(os.path.isdir(d) for d in said["made"])  # left behind by the kill...
         shared_batches.remove_directory(shared_batches.make_directory())
         assert not [d for d in said["made"] if os.path.exists(d)]  # ...and gone with the next run
+
+
+def test_a_full_dev_shm_is_named_with_its_size_and_the_fix(monkeypatch):
+    import builtins
+    import errno
+
+    import numpy as np
+
+    directory = shared_batches.make_directory()
+    real_open = builtins.open
+
+    def full(path, *args, **kwargs):
+        if str(path).startswith(directory):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "open", full)  # as a 64 MiB /dev/shm does, batch after batch
+    try:
+        with pytest.raises(OSError, match=r"no space left in .* MiB in all\) .*--shm-size"):
+            shared_batches.write({"x": np.zeros((128, 1024), np.float32)}, directory)
+    finally:
+        monkeypatch.undo()
+        shared_batches.remove_directory(directory)
