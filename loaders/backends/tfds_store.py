@@ -21,7 +21,7 @@ from pathlib import Path
 
 from jaxfeed.loaders.array_dataset import ArrayDataset
 from jaxfeed.loaders.data.cache import build_once, cache_entry
-from jaxfeed.loaders.frameworks.tf import import_tfds
+from jaxfeed.loaders.frameworks.tf import import_tfds, temporary_files_in
 
 __all__ = [
     "TFDS_NAME",
@@ -103,7 +103,7 @@ def store(dataset: ArrayDataset, file_format: str = "tfrecord") -> Path:
             (i, {key: array[i] for key, array in dataset.arrays.items()})
             for i in range(len(dataset))
         )
-        with quiet_build():
+        with quiet_build(), temporary_files_in(scratch / "tmp"):
             tfds.dataset_builders.store_as_tfds_dataset(
                 name=TFDS_NAME,
                 version=TFDS_VERSION,
@@ -114,7 +114,8 @@ def store(dataset: ArrayDataset, file_format: str = "tfrecord") -> Path:
                 file_format=file_format,
                 disable_shuffling=True,  # keep dataset order: record i is row i
             )
-        shutil.rmtree(scratch / "downloads", ignore_errors=True)  # always empty here
+        for empty in ("downloads", "tmp"):  # nothing of the copy: TFDS's leftovers
+            shutil.rmtree(scratch / empty, ignore_errors=True)
 
     return build_once(entry, build) / TFDS_NAME / TFDS_VERSION
 

@@ -94,6 +94,21 @@ def import_tfds() -> ModuleType:
     return tfds
 
 
+@contextlib.contextmanager
+def temporary_files_in(directory: str | os.PathLike) -> Iterator[None]:
+    """Python's temporary files and directories go to ``directory`` inside
+    the block: tfds 4.9.6-4.9.10 leaves an empty ``tmp*tfds`` directory in
+    ``$TMPDIR`` (``DatasetInfo.initialize_from_bucket``'s ``mkdtemp``) for
+    every builder made before its data exists, which a store build does.
+    Process-wide while it lasts, so kept to the build."""
+    os.makedirs(directory, exist_ok=True)
+    saved, tempfile.tempdir = tempfile.tempdir, os.fspath(directory)
+    try:
+        yield
+    finally:
+        tempfile.tempdir = saved
+
+
 # tf.data's (mostly private) class names, by which wrap tells a pipeline's steps apart.
 BATCHING = frozenset(
     {  # steps whose elements are batches of their input's

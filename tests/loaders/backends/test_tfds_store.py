@@ -54,3 +54,15 @@ def test_store_written_by_another_tfds_version_is_not_reused(tmp_path, monkeypat
     assert "-tensorflow-datasets-4.9.10-" in newer.parents[1].name
     assert "-tensorflow-datasets-4.9.6-" in older.parents[1].name
     assert newer.is_dir() and older.is_dir()
+
+
+def test_a_store_build_leaves_nothing_in_the_temporary_directory(tmp_path, monkeypatch):
+    import tempfile
+
+    monkeypatch.setenv("JAXFEED_CACHE_DIR", str(tmp_path / "cache"))
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))  # this process's $TMPDIR
+    built = tfds_store.store(indexed_dataset(12))
+    assert built.is_dir()
+    assert list((tmp_path / "tmp").iterdir()) == []  # tfds left an empty tmp*tfds here
+    assert tempfile.gettempdir() == str(tmp_path / "tmp")  # put back after the build
