@@ -21,7 +21,7 @@ from pathlib import Path
 
 from jaxfeed.loaders.array_dataset import ArrayDataset
 from jaxfeed.loaders.data.cache import build_once, cache_entry
-from jaxfeed.loaders.frameworks.tf import import_tfds, temporary_files_in
+from jaxfeed.loaders.frameworks.tf import import_tfds, no_gcs_lookups, temporary_files_in
 
 __all__ = [
     "TFDS_NAME",
@@ -103,7 +103,7 @@ def store(dataset: ArrayDataset, file_format: str = "tfrecord") -> Path:
             (i, {key: array[i] for key, array in dataset.arrays.items()})
             for i in range(len(dataset))
         )
-        with quiet_build(), temporary_files_in(scratch / "tmp"):
+        with quiet_build(), temporary_files_in(scratch / "tmp"), no_gcs_lookups(tfds):
             tfds.dataset_builders.store_as_tfds_dataset(
                 name=TFDS_NAME,
                 version=TFDS_VERSION,

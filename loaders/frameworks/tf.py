@@ -109,6 +109,26 @@ def temporary_files_in(directory: str | os.PathLike) -> Iterator[None]:
         tempfile.tempdir = saved
 
 
+@contextlib.contextmanager
+def no_gcs_lookups(tfds: ModuleType) -> Iterator[None]:
+    """tfds makes no network call inside the block: before 4.9.10 (checked on
+    4.9.6) a builder made before its data exists asks tfds's public GCS bucket
+    for its metadata (and TF prints its failed credential lookups on stderr),
+    which a store of jaxfeed's own arrays never needs. tfds 4.9.10 has it off
+    already. The switch is tfds's private ``gcs_utils._is_gcs_disabled``,
+    put back after the block (a user's own ``tfds.load`` keeps its setting)."""
+    gcs_utils = tfds.core.utils.gcs_utils
+    saved = getattr(gcs_utils, "_is_gcs_disabled", None)
+    if saved is None:  # moved or gone in another tfds: nothing to switch
+        yield
+        return
+    gcs_utils._is_gcs_disabled = True
+    try:
+        yield
+    finally:
+        gcs_utils._is_gcs_disabled = saved
+
+
 # tf.data's (mostly private) class names, by which wrap tells a pipeline's steps apart.
 BATCHING = frozenset(
     {  # steps whose elements are batches of their input's
