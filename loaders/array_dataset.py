@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import mmap
 import types
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -11,6 +10,7 @@ from typing import Any
 import numpy as np
 from jaxfeed.loaders.bytes_field import BytesField
 from jaxfeed.loaders.protocol import MASK_KEY
+from jaxfeed.loaders.workers.mapped_files import memmap_of
 
 __all__ = ["ArrayDataset"]
 
@@ -166,22 +166,13 @@ def _native_byte_order(array: np.ndarray, where: str) -> np.ndarray:
         native copy could be bigger than memory); the message gives the fix.
     """
     native = array.dtype.newbyteorder("=")
-    if (path := _mapped_file(array)) is not None:
+    if (mapped := memmap_of(array)) is not None:
         raise ValueError(
             f"{where} is stored as {array.dtype.str}, the other byte order than this "
-            f"machine's, in {path}, which is read in place; rewrite that file once in native "
-            f"order: np.save(path, np.load(path).astype({native.str!r}))"
+            f"machine's, in {mapped.filename}, which is read in place; rewrite that file once "
+            f"in native order: np.save(path, np.load(path).astype({native.str!r}))"
         )
     return array.astype(native)
-
-
-def _mapped_file(array: np.ndarray) -> str | None:
-    """The file ``array`` (or what it views) maps, or None when it is in memory."""
-    while isinstance(array, np.ndarray):
-        if isinstance(array, np.memmap):
-            return str(array.filename)
-        array = array.base
-    return "a memory-mapped file" if isinstance(array, mmap.mmap) else None
 
 
 def _is_bytes_rows(value: object) -> bool:

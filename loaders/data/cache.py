@@ -12,7 +12,6 @@ nothing, so a read-only cache works as is.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import json
 import os
@@ -28,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 from jaxfeed.loaders.data.on_disk import identity
+from jaxfeed.loaders.workers.owner_lock import hold, owner_gone
 
 __all__ = [
     "CACHE_ENV",
@@ -232,19 +232,15 @@ def build_once(path: Path, build: Callable[[Path], None]) -> Path:
 @contextlib.contextmanager
 def _owned_scratch(root: Path, name: str) -> Iterator[Path]:
     """A scratch directory for a build of ``name``, owned by this process for
-    as long as the build runs through an exclusive ``flock`` on its lock file
-    beside it. The kernel drops the lock when the process dies, however it
-    dies, so whether a build is alive is known from the lock, on any host or
-    in any PID namespace that shares the file system, never guessed from a
-    process id. Everything is removed at the end (nothing is left after a
-    rename into place)."""
+    as long as the build runs (`owner_lock`: a lock file beside it), so the
+    next build removes it only once its process is gone. Everything is
+    removed at the end (nothing is left after a rename into place)."""
     token = secrets.token_hex(8)
     scratch = root / f".{name}.build-{token}"
     lock = Path(f"{scratch}.lock")
     pending = root / f".{name}.starting-{token}"  # not a lock anyone looks for yet
-    handle = os.open(pending, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    handle = hold(pending)
     try:
-        fcntl.flock(handle, fcntl.LOCK_EX)
         os.rename(pending, lock)  # found by others only once it is held
         scratch.mkdir(mode=0o755)
         yield scratch
@@ -257,25 +253,14 @@ def _owned_scratch(root: Path, name: str) -> Iterator[Path]:
 
 
 def _remove_dead_builds(root: Path, name: str) -> None:
-    """Deletes the scratch of builds of ``name`` whose process is gone (their
-    lock is free): a killed conversion of a large dataset must not keep its
-    partial copy on the disk for good, and a live one, wherever it runs, is
-    never touched."""
+    """Deletes the scratch of builds of ``name`` whose process is gone: a
+    killed conversion of a large dataset must not keep its partial copy on
+    the disk for good, and a live one, wherever it runs, is never touched."""
     for lock in root.glob(f".{name}.build-*.lock"):
-        try:
-            handle = os.open(lock, os.O_RDONLY)
-        except FileNotFoundError:
-            continue  # finished, or cleaned up by another process just now
-        try:
-            try:
-                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                continue  # a build in progress
+        if owner_gone(lock):
             shutil.rmtree(lock.with_suffix(""), ignore_errors=True)
             with contextlib.suppress(FileNotFoundError):
                 lock.unlink()
-        finally:
-            os.close(handle)
 
 
 def check_entry(path: Path) -> None:

@@ -24,6 +24,7 @@ __all__ = [
     "for_pickle",
     "from_pickle",
     "libc_function",
+    "memmap_of",
 ]
 
 
@@ -36,7 +37,7 @@ class FileRows(NamedTuple):
     row_bytes: int
 
 
-def _memmap(array: np.ndarray | None) -> np.memmap | None:
+def memmap_of(array: np.ndarray | None) -> np.memmap | None:
     """The memory map an array is a view of, if any."""
     while isinstance(array, np.ndarray):
         if isinstance(array, np.memmap):
@@ -48,7 +49,7 @@ def _memmap(array: np.ndarray | None) -> np.memmap | None:
 def file_rows(array: np.ndarray) -> FileRows | None:
     """Where ``array``'s rows lie on disk, or None when it is not a C-contiguous
     view of a memory-mapped file (then it is treated as held in memory)."""
-    mapped = _memmap(array)
+    mapped = memmap_of(array)
     if mapped is None or mapped.filename is None or not array.flags.c_contiguous:
         return None
     mapping = memmap_mapping(mapped)  # numpy keeps the map of every memmap view here
@@ -91,7 +92,7 @@ def advise(array: np.ndarray, random: bool) -> None:
     start = array.ctypes.data - array.ctypes.data % mmap.PAGESIZE
     advice = mmap.MADV_RANDOM if random else mmap.MADV_NORMAL
     MADVISE(start, array.ctypes.data + array.nbytes - start, advice)
-    mapped = _memmap(array)
+    mapped = memmap_of(array)
     if mapped is not None:
         setattr(mapped, _RANDOM, random)
 
@@ -115,7 +116,7 @@ def for_pickle(arrays: dict[str, np.ndarray]) -> dict[str, object]:
         if rows is None:
             out[key] = array
         else:
-            random = getattr(_memmap(array), _RANDOM, False)
+            random = getattr(memmap_of(array), _RANDOM, False)
             out[key] = _Reopen(rows, array.dtype.str, array.shape, random)
     return out
 

@@ -8,7 +8,7 @@ transform in one worker: on digits-png with 2 cores, 2 workers gave 4,579
 rows/s through the pipe and 8,864 through files (1 worker in this process:
 6,361). Files in a directory of their own need no resource tracker, and
 whatever a cancelled read or a killed worker leaves there goes with it. The
-directory's owner holds a lock in it, so the next run removes what a run
+directory's owner holds a lock in it (`owner_lock`), so the next run removes what a run
 that was killed outright (SIGKILL, out of memory) left in ``/dev/shm``.
 """
 
@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import glob
 import os
 import shutil
@@ -26,6 +25,7 @@ from collections.abc import Mapping
 from typing import NamedTuple
 
 import numpy as np
+from jaxfeed.loaders.workers.owner_lock import hold, owner_gone
 
 __all__ = ["Handed", "Layout", "collect", "make_directory", "remove_directory", "write"]
 
@@ -55,9 +55,7 @@ def make_directory() -> str:
     base = shm if os.path.isdir(shm) and os.access(shm, os.W_OK) else tempfile.gettempdir()
     _remove_orphans(base)
     directory = tempfile.mkdtemp(prefix=_PREFIX, dir=base)
-    handle = os.open(os.path.join(directory, _OWNER), os.O_CREAT | os.O_WRONLY, 0o600)
-    fcntl.flock(handle, fcntl.LOCK_EX)  # (a fresh file: nobody else holds it)
-    _HELD[directory] = handle
+    _HELD[directory] = hold(os.path.join(directory, _OWNER))
     return directory
 
 
@@ -72,17 +70,8 @@ def _remove_orphans(base: str) -> None:
     """Removes the batch directories in ``base`` whose owner is gone (their
     lock is free); a live run's, and one without a lock file, are left alone."""
     for directory in glob.glob(os.path.join(base, _PREFIX + "*")):
-        try:
-            handle = os.open(os.path.join(directory, _OWNER), os.O_RDONLY)
-        except OSError:
-            continue  # not ours to judge (made before owners were recorded), or gone
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            continue  # its owner lives
-        finally:
-            os.close(handle)
-        shutil.rmtree(directory, ignore_errors=True)
+        if owner_gone(os.path.join(directory, _OWNER)):
+            shutil.rmtree(directory, ignore_errors=True)
 
 
 def write(batch: Mapping[str, np.ndarray], directory: str) -> Handed:

@@ -18,12 +18,16 @@ TESTS = Path(__file__).resolve().parents[2]
 
 # Reads a batch through two workers, says who they are, then waits to be killed.
 _RUN = r"""
-import glob, json, os, sys
+import glob, json, os, sys, tempfile
 sys.path.insert(0, sys.argv[2])
 from jaxfeed import loaders
 from transform_helpers import encoded_digits, random_augment
 
-before = set(glob.glob("/dev/shm/jaxfeed-batches-*"))
+def batch_dirs():  # in /dev/shm, or the temporary directory where there is none
+    return {*glob.glob("/dev/shm/jaxfeed-batches-*"),
+            *glob.glob(os.path.join(tempfile.gettempdir(), "jaxfeed-batches-*"))}
+
+before = batch_dirs()
 source = loaders.make(sys.argv[1], dataset=encoded_digits(32), batch_size=4,
                       transform=random_augment, num_workers=2)
 batches = source.iter_epoch(0)
@@ -33,7 +37,7 @@ children = set()
 for task in os.listdir(f"/proc/{me}/task"):
     with open(f"/proc/{me}/task/{task}/children") as file:
         children |= {int(pid) for pid in file.read().split()}
-made = sorted(set(glob.glob("/dev/shm/jaxfeed-batches-*")) - before)
+made = sorted(batch_dirs() - before)
 print(json.dumps({"children": sorted(children), "made": made}), flush=True)
 sys.stdin.read()
 """
@@ -67,10 +71,9 @@ def test_a_run_killed_outright_leaves_no_worker_and_no_batch_directory(backend):
     while any(_alive(pid) for pid in workers) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not [pid for pid in workers if _alive(pid)], "workers outlived their killed parent"
-    if said["made"]:  # (no /dev/shm here: the temporary directory holds them)
-        assert all(os.path.isdir(d) for d in said["made"])  # left behind by the kill...
-        shared_batches.remove_directory(shared_batches.make_directory())
-        assert not [d for d in said["made"] if os.path.exists(d)]  # ...and gone with the next run
+    assert said["made"] and all(os.path.isdir(d) for d in said["made"])  # left by the kill...
+    shared_batches.remove_directory(shared_batches.make_directory())
+    assert not [d for d in said["made"] if os.path.exists(d)]  # ...and gone with the next run
 
 
 def test_a_full_dev_shm_is_named_with_its_size_and_the_fix(monkeypatch):
