@@ -28,7 +28,7 @@ from jaxfeed.cli.args import (
     set_devices,
     subcommand,
 )
-from jaxfeed.cli.train_data import check_fields_and_classes, dataset_used
+from jaxfeed.cli.train_data import check_fields_and_classes, data_record, dataset_used, is_named
 from jaxfeed.mnist.train import TrainConfig  # already imported with the jaxfeed package
 
 FLOAT_IMAGE_LEARNING_RATE = 0.01
@@ -143,7 +143,13 @@ def add_train(commands: argparse._SubParsersAction) -> None:
         "--resume",
         action="store_true",
         help="continue from the newest checkpoint in --checkpoint-dir, exactly where it "
-        "stood (starts fresh if there is none)",
+        "stood (starts fresh if there is none); refused on data whose content changed",
+    )
+    train.add_argument(
+        "--resume-changed-data",
+        action="store_true",
+        help="with --resume: continue even though the data's content differs from what "
+        "the checkpoint was trained on (a warning names what changed)",
     )
     train.add_argument(
         "--nan-policy",
@@ -166,13 +172,18 @@ def _accuracy(value: float | None) -> str:
 
 
 def _agreed_settings(args: argparse.Namespace, sources: dict[str, Any]) -> dict[str, Any]:
-    """What every process of a job must have in common: its command line and data."""
+    """What every process of a job must have in common: its command line and data.
+    A directory is compared by its content, not its path: hosts reading local
+    copies at other paths agree."""
     from jaxfeed.loaders.data.cache import fingerprint
 
+    named = is_named(args.dataset)
     settings = {
         name: getattr(args, name)
-        for name in ("loader", "dataset", "batch_size", "seed", "drop_remainder", "devices")
+        for name in ("loader", "batch_size", "seed", "drop_remainder", "devices")
     }
+    if named:
+        settings["dataset"] = args.dataset
     settings |= {
         "shuffle": _shuffle(args),
         "block_rows": args.block_shuffle,
@@ -185,7 +196,8 @@ def _agreed_settings(args: argparse.Namespace, sources: dict[str, Any]) -> dict[
     }
     for split, source in sources.items():
         data = source.dataset
-        settings[f"{split}_data"] = data.name
+        if named:
+            settings[f"{split}_data"] = data.name
         settings[f"{split}_examples"] = len(data)
         settings[f"{split}_fingerprint"] = fingerprint(*data.content())
     return settings
@@ -219,6 +231,8 @@ def _lost_peer(err: Exception) -> str | None:
 
 
 def _check_checkpoint_args(args: argparse.Namespace) -> None:
+    if args.resume_changed_data and not args.resume:
+        raise ValueError("--resume-changed-data goes with --resume (it accepts changed data)")
     if args.checkpoint_dir is None:
         for flag, given in (
             ("--resume", args.resume),
@@ -245,11 +259,14 @@ def _save_params(params: Any, path: Path) -> None:
         np.savez(f, **arrays)
 
 
-def _announce_resume(args: argparse.Namespace, settings: dict, prefix: str) -> None:
+def _announce_resume(args: argparse.Namespace, settings: dict, data: dict, prefix: str) -> None:
     """Says where training resumes, or that it starts fresh; refuses a checkpoint
-    written with other settings before any work (fit checks again)."""
+    written with other settings, or on other data, before any work (fit checks
+    again, and warns when changed data is accepted)."""
+    import warnings
+
     from jaxfeed.training.checkpoint import latest
-    from jaxfeed.training.verify import check_settings
+    from jaxfeed.training.verify import ChangedDataWarning, check_data, check_settings
 
     found = latest(args.checkpoint_dir)
     if found is None:
@@ -259,7 +276,11 @@ def _announce_resume(args: argparse.Namespace, settings: dict, prefix: str) -> N
             flush=True,
         )
         return
-    check_settings(found["settings"], settings, f"checkpoint {args.checkpoint_dir}/{found['step']}")
+    where = f"checkpoint {args.checkpoint_dir}/{found['step']}"
+    check_settings(found["settings"], settings, where)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ChangedDataWarning)  # fit says it, once
+        check_data(found["data"], data, where, args.resume_changed_data)
     where = f"epoch {found['epoch'] + 1}, batch {found['next_batch']}"
     if found["epoch"] >= args.epochs:
         where = f"all {found['epoch']} epochs done"
@@ -351,20 +372,28 @@ def run_train(args: argparse.Namespace) -> int:
         # (fit adds the batch size, batches per epoch and process count).
         settings = {
             "loader": args.loader,
-            "dataset": dataset,
             "seed": args.seed,
             "shuffle": _shuffle(args),
             "drop_remainder": args.drop_remainder,
         }
+        if is_named(args.dataset):  # a directory is known by its content (data, below)
+            settings["dataset"] = dataset
         if args.block_shuffle:  # only then: checkpoints written before it stay resumable
             settings["block_rows"] = args.block_shuffle
         checkpoint = None
         if args.checkpoint_dir is not None:
+            data = {"train": data_record(train_source, dataset)}
+            if test_source is not None:
+                data["test"] = data_record(test_source, dataset)
             checkpoint = Checkpointing(
-                args.checkpoint_dir, every=args.checkpoint_every, keep=args.keep_checkpoints
+                args.checkpoint_dir,
+                every=args.checkpoint_every,
+                keep=args.keep_checkpoints,
+                data=data,
+                accept_changed_data=args.resume_changed_data,
             )
             if args.resume:
-                _announce_resume(args, run_settings(train_source, settings), prefix)
+                _announce_resume(args, run_settings(train_source, settings), data, prefix)
         params, history = train(
             train_source,
             test_source,

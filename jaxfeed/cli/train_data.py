@@ -7,6 +7,28 @@ from pathlib import Path
 from typing import Any
 
 
+def is_named(requested: str) -> bool:
+    """Whether ``--dataset`` names a registered dataset (else a directory)."""
+    from jaxfeed import loaders
+
+    return requested in loaders.DATASETS
+
+
+def data_record(source: Any, read_from: str) -> dict[str, Any]:
+    """What a checkpoint records of one split's data: the content fingerprint
+    of the whole split and of each field (to say which changed), and where it
+    was read from (named in a refusal, never compared)."""
+    from jaxfeed.loaders.bytes_field import BytesField
+    from jaxfeed.loaders.data.cache import fingerprint
+
+    data = source.dataset
+    fields = {
+        name: fingerprint(*(array.content() if isinstance(array, BytesField) else (array,)))
+        for name, array in data.arrays.items()
+    }
+    return {"fingerprint": fingerprint(*data.content()), "fields": fields, "read_from": read_from}
+
+
 def dataset_used(source: Any, requested: str) -> str:
     """The dataset ``source`` reads: a directory by its absolute path (a
     relative path to the same directory names the same data), a named one by

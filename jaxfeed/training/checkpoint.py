@@ -15,9 +15,12 @@ asynchronous: the arrays are copied to host memory, then written while
 training goes on.
 
 A checkpoint verifies itself: ``meta.json`` holds the shape, dtype and CRC-32
-of every array, checked after the restore. A damaged or unreadable newest
-checkpoint is reported by step and file, and the newest one that verifies is
-used instead; when none does, `CheckpointError`. One run at a time writes a
+of every array, checked after the restore, and a SHA-256 of its own values,
+checked before anything in it is used (an edited ``next_batch`` would resume
+elsewhere). A damaged, edited or unreadable newest checkpoint is reported by
+step and file, and the newest one that verifies is used instead; when none
+does, `CheckpointError`. Given the data's fingerprints, a checkpoint records
+them, and a resume on changed data is refused by split (`check_data`). One run at a time writes a
 directory: the first process holds a lock on ``jaxfeed.lock`` in it (released
 by the system when the process dies, so a killed run leaves no stale lock).
 """
@@ -40,12 +43,15 @@ import jax
 
 from jaxfeed.training.verify import (
     as_json,
+    check_data,
     check_settings,
     check_structure,
     fingerprints,
+    meta_checksum,
 )
 
-FORMAT = 2  # of meta.json; bumped when its fields change meaning (2: array checksums)
+FORMAT = 3  # of meta.json; bumped when its fields change meaning (2: array checksums,
+# 3: its own checksum and the data's fingerprints)
 LOCK_FILE = "jaxfeed.lock"
 
 
@@ -75,6 +81,13 @@ class Checkpointing:
       every: also save every this many training steps; None: only at the end
         of each epoch (always saved).
       keep: how many of the newest checkpoints to keep.
+      data: the data the run reads, recorded in every checkpoint: split ->
+        its content fingerprint (`jaxfeed.loaders.data.cache.fingerprint`
+        of ``dataset.content()``), or a mapping with a ``"fingerprint"`` and
+        optionally ``"fields"`` and ``"read_from"`` that a refusal names.
+        None: not recorded, and not checked on resume.
+      accept_changed_data: resume on data whose fingerprint differs from the
+        checkpoint's (with a `ChangedDataWarning`) instead of refusing it.
 
     Raises:
       ValueError: ``every`` or ``keep`` is not a positive integer.
@@ -83,6 +96,8 @@ class Checkpointing:
     directory: str | os.PathLike
     every: int | None = None
     keep: int = 3
+    data: Mapping[str, Any] | None = None
+    accept_changed_data: bool = False
 
     def __post_init__(self) -> None:
         for name, value in (("every", self.every), ("keep", self.keep)):
@@ -173,27 +188,55 @@ def _check_directory(directory: Path) -> None:
 
 
 def latest(directory: str | os.PathLike) -> dict | None:
-    """The ``meta.json`` of the newest complete checkpoint in ``directory``, or
-    None when there is none (also when the directory does not exist).
+    """The ``meta.json`` of the newest complete checkpoint in ``directory`` whose
+    ``meta.json`` reads and matches its checksum (its arrays are checked when
+    restored), or None when there is none (also when the directory does not
+    exist).
 
     Example:
       >>> latest("runs/a")["step"]  # doctest: +SKIP
       120
     """
-    import orbax.checkpoint as ocp
-
     directory = Path(directory).absolute()
     _check_directory(directory)
     if not directory.is_dir():
         return None
     manager = _manager(directory, None, create=False)  # only reads
     try:
-        step = manager.latest_step()
-        if step is None:
-            return None
-        return manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
+        for step in sorted(manager.all_steps(), reverse=True):
+            try:
+                meta = _read_meta(manager, step, f"checkpoint {directory / str(step)}")
+            except _Damaged:
+                continue  # the restore names it when it falls back
+            return meta
+        return None
     finally:
         manager.close()
+
+
+def _read_meta(manager: Any, step: int, where: str) -> dict:
+    """Checkpoint ``step``'s ``meta.json``, checked against its own checksum.
+
+    Raises:
+      _Damaged: it cannot be read, or does not match its checksum.
+      ValueError: another jaxfeed's format.
+    """
+    import orbax.checkpoint as ocp
+
+    try:
+        meta = manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
+    except Exception as error:
+        raise _Damaged(f"step {step}: {where}/meta/meta.json is unreadable "
+                       f"({_first_line(error)})") from None  # fmt: skip
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        found = meta.get("format") if isinstance(meta, dict) else type(meta).__name__
+        raise ValueError(f"{where} has format {found!r}; this jaxfeed reads format {FORMAT}")
+    if meta.get("checksum") != meta_checksum(meta):
+        raise _Damaged(
+            f"step {step}: {where}/meta/meta.json does not match its checksum (edited or "
+            f"damaged after it was written)"
+        )
+    return meta
 
 
 class Checkpointer:
@@ -222,6 +265,7 @@ class Checkpointer:
         self.directory = Path(config.directory).absolute()
         _check_directory(self.directory)
         self.settings = as_json(dict(settings))
+        self.data = None if config.data is None else as_json(dict(config.data))
         self._lock = _lock(self.directory) if jax.process_index() == 0 else None
         try:
             self._manager = _manager(self.directory, config.keep)
@@ -279,7 +323,9 @@ class Checkpointer:
             "data_state": data_state is not None,
             "arrays": fingerprints({"state": state, "totals": dict(totals)}),
             "topology": self.topology,
+            "data": self.data,
         }
+        meta["checksum"] = meta_checksum(meta)
         items = {
             "state": ocp.args.StandardSave({"state": state, "totals": dict(totals)}),
             "meta": ocp.args.JsonSave(as_json(meta)),
@@ -328,24 +374,17 @@ class Checkpointer:
         """Checkpoint ``step``, read and verified.
 
         Raises:
-          _Damaged: a file of it cannot be read, or an array does not match
-            its checksum (the message names the step and the file).
-          ValueError: it is another run's (settings, format or structure).
+          _Damaged: a file of it cannot be read, or it does not match its
+            checksums (the message names the step and the file).
+          ValueError: it is another run's (settings, data, format or
+            structure).
         """
         import orbax.checkpoint as ocp
 
         where = f"checkpoint {self.directory / str(step)}"
-        try:
-            meta = self._manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
-            meta = meta["meta"]
-        except Exception as error:
-            raise _Damaged(f"step {step}: {where}/meta/meta.json is unreadable "
-                           f"({_first_line(error)})") from None  # fmt: skip
-        if meta.get("format") != FORMAT:
-            raise ValueError(
-                f"{where} has format {meta.get('format')!r}; this jaxfeed reads format {FORMAT}"
-            )
+        meta = _read_meta(self._manager, step, where)
         check_settings(meta["settings"], self.settings, where)
+        check_data(meta["data"], self.data, where, self.config.accept_changed_data)
         self._check_topology(meta, where)
         target = {"state": state, "totals": dict(totals)}
         check_structure(meta["arrays"], target, where)

@@ -1,11 +1,14 @@
 """What a checkpoint is checked against before it is trusted: the settings
-of the run that wrote it (`check_settings`), the structure of its arrays
-(`check_structure`), and the shape, dtype and CRC-32 of each array
-(`fingerprints`), which ``meta.json`` holds."""
+of the run that wrote it (`check_settings`), the data it read (`check_data`),
+the structure of its arrays (`check_structure`), the shape, dtype and CRC-32
+of each array (`fingerprints`), which ``meta.json`` holds, and ``meta.json``
+itself (`meta_checksum`)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
+import warnings
 import zlib
 from collections.abc import Mapping
 from typing import Any
@@ -13,7 +16,19 @@ from typing import Any
 import jax
 import numpy as np
 
-__all__ = ["as_json", "check_settings", "check_structure", "fingerprints"]
+__all__ = [
+    "ChangedDataWarning",
+    "as_json",
+    "check_data",
+    "check_settings",
+    "check_structure",
+    "fingerprints",
+    "meta_checksum",
+]
+
+
+class ChangedDataWarning(UserWarning):
+    """A checkpoint was resumed on other data than it was written with, on purpose."""
 
 
 def as_json(value: Any) -> Any:
@@ -45,6 +60,80 @@ def check_settings(saved: Mapping[str, Any], current: Mapping[str, Any], where: 
             f"Resume with the checkpoint's settings, or use another checkpoint directory "
             f"to start fresh"
         )
+
+
+def meta_checksum(meta: Mapping[str, Any]) -> str:
+    """SHA-256 of ``meta.json``'s values but its own ``checksum`` entry: an
+    edited ``meta.json`` (a ``next_batch`` moved on by hand) no longer matches."""
+    body = {key: value for key, value in meta.items() if key != "checksum"}
+    text = json.dumps(as_json(body), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _fingerprint(record: Any) -> Any:
+    """A split's fingerprint from its record: the string itself, or a mapping's
+    ``"fingerprint"``."""
+    return record.get("fingerprint") if isinstance(record, Mapping) else record
+
+
+def _what_changed(split: str, old: Any, new: Any) -> str:
+    """One split's change: its fingerprints, the fields that changed and where
+    it was read from, as far as the records say."""
+    said = f"{split} data: fingerprint {_fingerprint(old)} then, {_fingerprint(new)} now"
+    if isinstance(old, Mapping) and isinstance(new, Mapping):
+        before, after = old.get("fields") or {}, new.get("fields") or {}
+        changed = sorted(k for k in set(before) | set(after) if before.get(k) != after.get(k))
+        if changed:
+            said += f" (fields changed: {', '.join(changed)})"
+        if old.get("read_from") and new.get("read_from"):
+            said += f", read from {old['read_from']} then, {new['read_from']} now"
+    return said
+
+
+def check_data(
+    saved: Mapping[str, Any] | None,
+    current: Mapping[str, Any] | None,
+    where: str,
+    accept_changed: bool,
+) -> None:
+    """Refuses to resume a checkpoint on other data than the run that wrote it
+    read, by split: a dataset rewritten in place, or other data under the
+    same name. Nothing is compared when either run did not record its data.
+
+    Args:
+      saved, current: split -> its content fingerprint, or a mapping with a
+        ``"fingerprint"`` (and optionally ``"fields"``, field -> fingerprint,
+        and ``"read_from"``, which the message names).
+      where: names the checkpoint in the message.
+      accept_changed: resume anyway, with a `ChangedDataWarning`.
+
+    Raises:
+      ValueError: naming each split that changed, its old and new
+        fingerprints and, where known, the fields that changed.
+    """
+    if not saved or not current:
+        return
+    current = as_json(current)
+    changed = [
+        _what_changed(split, saved.get(split), current.get(split))
+        for split in sorted(set(saved) | set(current))
+        if _fingerprint(saved.get(split)) != _fingerprint(current.get(split))
+    ]
+    if not changed:
+        return
+    if accept_changed:
+        warnings.warn(
+            f"resuming {where} on changed data, as asked: {'; '.join(changed)}",
+            ChangedDataWarning,
+            stacklevel=4,
+        )
+        return
+    raise ValueError(
+        f"{where} was written by a run that read other data: {'; '.join(changed)}. Resume "
+        f"on the data it was written with; or continue on this data on purpose with "
+        f"--resume-changed-data (jaxfeed train) or Checkpointing(accept_changed_data=True); "
+        f"or use another checkpoint directory to start fresh"
+    )
 
 
 def _raw(leaf: Any) -> Any:

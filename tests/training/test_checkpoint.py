@@ -21,7 +21,7 @@ from jaxfeed.training.checkpoint import (
     TopologyChangedWarning,
     latest,
 )
-from jaxfeed.training.verify import check_settings
+from jaxfeed.training.verify import check_settings, meta_checksum
 
 BATCH, BATCHES, FEATURES, CLASSES = 8, 6, 4, 3
 
@@ -277,11 +277,29 @@ def _truncate(path):
     path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
 
 
-def _wrong_checksum(checkpoint):
+def _edit_meta(checkpoint, edit, *, reseal):
+    """Edits a checkpoint's meta.json; ``reseal``: and its own checksum to match."""
     meta = checkpoint / "meta" / "meta.json"
     saved = json.loads(meta.read_text())
-    saved["arrays"]["['state']['w']"]["crc32"] ^= 1
+    edit(saved)
+    if reseal:
+        saved["checksum"] = meta_checksum(saved)
     meta.write_text(json.dumps(saved))
+
+
+def _wrong_checksum(checkpoint):
+    # An array's recorded CRC-32 off by one, meta.json consistent: the array check tells.
+    def flip(saved):
+        saved["arrays"]["['state']['w']"]["crc32"] ^= 1
+
+    _edit_meta(checkpoint, flip, reseal=True)
+
+
+def _moved_on_by_two(checkpoint):
+    def move(saved):
+        saved["next_batch"] += 2  # would resume 2 batches later
+
+    _edit_meta(checkpoint, move, reseal=False)
 
 
 DAMAGE = {
@@ -293,6 +311,8 @@ DAMAGE = {
     # (Damaged array files: tests/training/test_resume.py, in a subprocess, since
     # Orbax's failed reads leave async callbacks that fire after the test.)
     "values not as saved": (_wrong_checksum, r"\['w'\] in .*10/state does not match its checksum"),
+    # Edited by hand: meta.json's own checksum tells, before its position is used.
+    "next_batch edited": (_moved_on_by_two, r"10/meta/meta\.json does not match its checksum"),
 }
 
 
