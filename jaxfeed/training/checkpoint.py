@@ -20,9 +20,11 @@ checked before anything in it is used (an edited ``next_batch`` would resume
 elsewhere). A damaged, edited or unreadable newest checkpoint is reported by
 step and file, and the newest one that verifies is used instead; when none
 does, `CheckpointError`. Given the data's fingerprints, a checkpoint records
-them, and a resume on changed data is refused by split (`check_data`). One run at a time writes a
-directory: the first process holds a lock on ``jaxfeed.lock`` in it (released
-by the system when the process dies, so a killed run leaves no stale lock).
+them, and a resume on changed data is refused by split (`check_data`).
+
+One run at a time writes a directory: the first process holds a lock on
+``jaxfeed.lock`` in it (released by the system when the process dies, so a
+killed run leaves no stale lock).
 """
 
 from __future__ import annotations

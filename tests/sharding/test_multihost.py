@@ -22,6 +22,7 @@ import jax
 import numpy as np
 import pytest
 from backend_helpers import free_port
+from conftest import sample_digits
 from jaxfeed.loaders.data.idx import read_idx, write_idx
 from jaxfeed.loaders.data.mnist import T10K_LABELS
 from jaxfeed.sharding import data_mesh
@@ -196,6 +197,22 @@ def test_processes_with_different_data_refuse_to_train(tmp_path, mnist_dir):
             output,
         ), output
         assert "train_examples" not in output  # what matches is not listed
+
+
+def test_processes_reading_local_copies_at_other_paths_train_together(tmp_path):
+    # Each host reads its own byte-identical copy of the data, at its own path:
+    # the job compares the content, not the path (issue 29, item 11).
+    images, digits = sample_digits()
+    first = tmp_path / "host0" / "digits"
+    for split, rows in (("train", slice(0, 512)), ("test", slice(512, 768))):
+        (first / split).mkdir(parents=True)
+        np.save(first / split / "image.npy", images[rows, :, :, None])
+        np.save(first / split / "label.npy", digits[rows].astype(np.int32))
+    copy = shutil.copytree(first, tmp_path / "host1" / "local-copy")
+    common = ["--epochs", "1", "--batch-size", "64", "--dataset"]
+    for status, output in _cli_job(tmp_path, [*common, str(first)], [*common, str(copy)]):
+        assert status == 0, output
+        assert "epoch 1/1" in output and "disagree" not in output
 
 
 def test_disagreements_name_every_process_value():
