@@ -14,6 +14,8 @@ from typing import NoReturn
 
 import jax
 from jaxfeed.loaders.frameworks.jax import distributed_state
+from jaxfeed.loaders.workers.shared_batches import remove_all
+from jaxfeed.loaders.workers.spawn import end_children
 from jaxfeed.sharding.roll_call import RollCall, claim_id, roll_call_port
 
 # Our own names first, then the ones JAX's launcher documentation uses.
@@ -116,14 +118,37 @@ def _join_failure(coordinator: str, num_processes: int, process_id: int, waited:
 
 
 def exit_now(status: int) -> NoReturn:
-    """Ends this process at once, skipping JAX's shutdown barrier at exit.
+    """Ends this process soon, skipping JAX's shutdown barrier at exit.
 
     Once a peer is gone or silent, that barrier would wait for it until JAX's
-    heartbeat timeout and then abort the interpreter.
+    heartbeat timeout and then abort the interpreter. ``os._exit`` runs no
+    ``close()`` and no exit hook, so the open feeds are closed and the worker
+    processes ended first, within `_CLOSE_S` (a close that hangs is left
+    behind): none outlives this process with its shared memory and its output.
     """
     sys.stdout.flush()
     sys.stderr.flush()
+    closing = threading.Thread(target=_close_everything, name="jaxfeed-close", daemon=True)
+    closing.start()
+    closing.join(_CLOSE_S)
+    if closing.is_alive():  # a close hangs: its workers are killed all the same
+        end_children(0.0)
+    remove_all()
+    sys.stdout.flush()
+    sys.stderr.flush()
     os._exit(status)
+
+
+# How long a process that leaves after a lost peer gives its feeds and workers to close.
+_CLOSE_S = 5.0
+
+
+def _close_everything() -> None:
+    from jaxfeed.sharding.prefetch import close_open_feeds
+
+    with contextlib.suppress(Exception):  # leaving anyway: a failed close must not stop it
+        close_open_feeds()
+    end_children(2.0)
 
 
 @contextlib.contextmanager

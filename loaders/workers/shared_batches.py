@@ -27,7 +27,15 @@ from typing import NamedTuple
 import numpy as np
 from jaxfeed.loaders.workers.owner_lock import hold, owner_gone
 
-__all__ = ["Handed", "Layout", "collect", "make_directory", "remove_directory", "write"]
+__all__ = [
+    "Handed",
+    "Layout",
+    "collect",
+    "make_directory",
+    "remove_all",
+    "remove_directory",
+    "write",
+]
 
 Layout = list[tuple[str, str, tuple[int, ...]]]
 """A batch file's fields in order: name, dtype, shape."""
@@ -113,3 +121,9 @@ def collect(path: str, layout: Layout) -> dict[str, np.ndarray]:
         out[key] = data[at : at + size].view(dtype).reshape(shape)
         at += size
     return out
+
+
+def remove_all() -> None:
+    """Removes every batch directory this process made (before a hard exit)."""
+    for directory in list(_HELD):
+        remove_directory(directory)

@@ -295,3 +295,24 @@ def raise_if_dead(processes: Iterable[multiprocessing.Process], what: str, light
             f"{what} (pid {process.pid}) {how} while batches were being read, "
             f"so this epoch cannot complete; {hint}"
         )
+
+
+def end_children(seconds: float) -> None:
+    """Ends every worker process this process started through
+    ``multiprocessing`` (jaxfeed's, torch's and Grain's): SIGTERM, then SIGKILL
+    for those still running after ``seconds`` (Grain's ignore SIGTERM), each
+    reaped. For a process about to leave through ``os._exit``, which runs no
+    ``close()`` and no exit hook: its workers would live on, with their shared
+    memory and its output pipe."""
+    children = multiprocessing.active_children()
+    for child in children:
+        with contextlib.suppress(OSError):
+            child.terminate()
+    deadline = time.monotonic() + seconds
+    for child in children:
+        child.join(max(0.0, deadline - time.monotonic()))
+    for child in children:
+        if child.exitcode is None:
+            with contextlib.suppress(OSError):
+                child.kill()
+            child.join(1)

@@ -291,6 +291,49 @@ def test_a_peer_killed_during_training_stops_the_job(tmp_path, killed):
     ), output
 
 
+def _children(pid: int) -> set[int]:
+    children = set()
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{task}/children") as file:
+            children |= {int(child) for child in file.read().split()}
+    return children
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            return not any(line.startswith("State:\tZ") for line in status)  # a zombie is gone
+    except FileNotFoundError:
+        return False
+
+
+def _tracker(pid: int) -> bool:
+    with open(f"/proc/{pid}/cmdline") as cmdline:
+        return "resource_tracker" in cmdline.read()
+
+
+@pytest.mark.slow
+def test_the_survivor_of_a_lost_peer_ends_its_workers_before_it_exits(tmp_path):
+    # It leaves through os._exit (JAX's shutdown barrier would wait for the dead
+    # peer): Grain's workers (which ignore SIGTERM) lived on, with their shared
+    # memory, and held its output open.
+    grain = ("--loader", "grain", "--loader-option", "num_workers=2")
+    with _training_job(tmp_path, *grain, "--peer-timeout", PEER_TIMEOUT) as (_, children, logs):
+        survivor = children[0]
+        started = _children(survivor.pid)
+        workers = {pid for pid in started if not _tracker(pid)}
+        trackers = started - workers
+        assert len(workers) >= 2, started
+        children[1].kill()
+        (status, output), _ = _finish(children, logs)
+    assert status == 2 and "lost its connection to another process" in output, output
+    assert not [pid for pid in workers if _alive(pid)], "workers outlived the survivor"
+    deadline = time.monotonic() + 60  # the tracker leaves once every holder of its pipe is gone
+    while any(_alive(pid) for pid in trackers) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not [pid for pid in trackers if _alive(pid)]
+
+
 @pytest.mark.slow
 def test_a_second_job_on_a_running_jobs_coordinator_is_refused_unharmed(tmp_path):
     # Job B's process 1 would register with job A's coordination service, which
