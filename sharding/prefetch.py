@@ -40,7 +40,7 @@ _OPEN_FEEDS: weakref.WeakSet = weakref.WeakSet()
 _EXIT_HOOK: list[bool] = []
 
 
-def close_open_feeds() -> None:
+def _close_open_feeds() -> None:
     """At exit, close feeds left open, before the frameworks tear down: a
     tf.data iterator still alive in interpreter shutdown aborts the process."""
     for feed in list(_OPEN_FEEDS):
@@ -52,7 +52,7 @@ def _register(feed: DeviceFeed) -> None:
     if not _EXIT_HOOK:
         # Registered at the first feed, so after the framework the source
         # imported: atexit runs last-in first-out, so this runs before its hooks.
-        atexit.register(close_open_feeds)
+        atexit.register(_close_open_feeds)
         _EXIT_HOOK.append(True)
 
 

@@ -297,22 +297,16 @@ def raise_if_dead(processes: Iterable[multiprocessing.Process], what: str, light
         )
 
 
-def end_children(seconds: float) -> None:
-    """Ends every worker process this process started through
-    ``multiprocessing`` (jaxfeed's, torch's and Grain's): SIGTERM, then SIGKILL
-    for those still running after ``seconds`` (Grain's ignore SIGTERM), each
-    reaped. For a process about to leave through ``os._exit``, which runs no
-    ``close()`` and no exit hook: its workers would live on, with their shared
-    memory and its output pipe."""
+def kill_children() -> None:
+    """Kills (SIGKILL) and reaps every worker process this process started
+    through ``multiprocessing`` (jaxfeed's, torch's and Grain's), for a process
+    about to leave through ``os._exit``, which runs no ``close()`` and no exit
+    hook: its workers would live on, with their shared memory and its output
+    pipe. At once, not SIGTERM first: Grain's ignore it, and a process that
+    leaves after a lost peer has moments before JAX aborts it."""
     children = multiprocessing.active_children()
     for child in children:
         with contextlib.suppress(OSError):
-            child.terminate()
-    deadline = time.monotonic() + seconds
+            child.kill()
     for child in children:
-        child.join(max(0.0, deadline - time.monotonic()))
-    for child in children:
-        if child.exitcode is None:
-            with contextlib.suppress(OSError):
-                child.kill()
-            child.join(1)
+        child.join(1)

@@ -187,3 +187,44 @@ def test_segments_of_a_run_killed_with_its_tracker_go_with_the_next_run():
         for path in (live, lock):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
+
+
+# Reads a batch through tf.data with a transform (autograph converts its map),
+# says which autograph files it made, then waits to be killed.
+_TF_RUN = r"""
+import glob, json, os, sys, tempfile
+sys.path.insert(0, sys.argv[1])
+from jaxfeed import loaders
+from transform_helpers import encoded_digits, random_augment
+
+source = loaders.make("tf", dataset=encoded_digits(32), batch_size=4, transform=random_augment)
+next(iter(source.iter_epoch(0)))
+made = glob.glob(os.path.join(tempfile.gettempdir(), "**", "__autograph_generated_file*"),
+                 recursive=True)
+print(json.dumps(made), flush=True)
+sys.stdin.read()
+"""
+
+
+@pytest.mark.slow
+def test_a_killed_tf_run_leaves_no_autograph_file(tmp_path):
+    from jaxfeed.loaders.frameworks.tf import AUTOGRAPH_PREFIX
+
+    run = subprocess.Popen(
+        [sys.executable, "-c", _TF_RUN, str(TESTS)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "TMPDIR": str(tmp_path)},
+    )
+    try:
+        made = json.loads(run.stdout.readline())
+    finally:
+        run.send_signal(signal.SIGKILL)
+        run.wait(timeout=60)
+    assert made, "autograph wrote no file: nothing was tested"
+    # In a directory the run owned, not loose in $TMPDIR...
+    assert all(Path(path).parent.name.startswith(AUTOGRAPH_PREFIX) for path in made), made
+    # ...which the next run removes, its owner's lock having died with it.
+    owner_lock.remove_dead_directories(tmp_path, AUTOGRAPH_PREFIX)
+    assert not list(tmp_path.rglob("__autograph_generated_file*"))
