@@ -14,7 +14,9 @@ from typing import NoReturn
 
 import jax
 from jaxfeed.loaders.frameworks.jax import distributed_state
-from jaxfeed.sharding.roll_call import RollCall, claim_id, roll_call_port
+from jaxfeed.loaders.workers.shared_batches import remove_all
+from jaxfeed.loaders.workers.spawn import kill_children
+from jaxfeed.sharding.roll_call import OnSilent, RollCall, claim_id, roll_call_port
 
 # Our own names first, then the ones JAX's launcher documentation uses.
 _ENV = {
@@ -119,11 +121,21 @@ def exit_now(status: int) -> NoReturn:
     """Ends this process at once, skipping JAX's shutdown barrier at exit.
 
     Once a peer is gone or silent, that barrier would wait for it until JAX's
-    heartbeat timeout and then abort the interpreter.
+    heartbeat timeout and then abort the interpreter. ``os._exit`` runs no
+    ``close()`` and no exit hook, so the worker processes are killed first and
+    this process's batch directories removed: none outlives it with its shared
+    memory and its output. (Fast: JAX aborts a process whose coordinator is gone
+    within moments.)
     """
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(status)
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        kill_children()
+        remove_all()
+    except BaseException:  # leaving anyway (torch's SIGCHLD handler may raise here)
+        pass
+    finally:
+        os._exit(status)
 
 
 @contextlib.contextmanager
@@ -180,9 +192,11 @@ def initialize(
 
     If not every process joins within ``timeout_s``, this process prints which
     processes are missing and what to check, and exits with status 2 (JAX's
-    connect cannot be interrupted). The same timeout is JAX's heartbeat
-    timeout (after it, JAX aborts every process, naming the one that stopped
-    answering) and bounds the shutdown barrier at exit.
+    connect cannot be interrupted). A process silent for 3/4 of the timeout
+    (stopped, hung, its host gone) is named by the others, which then exit
+    with status 2 (the roll call's heartbeat); JAX's own heartbeat timeout,
+    after which it aborts every process, is twice the timeout. The timeout
+    also bounds the shutdown barrier at exit.
 
     Args:
       coordinator: ``HOST:PORT`` of process 0's coordinator service.
@@ -229,7 +243,12 @@ def initialize(
     timeout = peer_timeout(timeout_s)
     if process_id == 0:
         _check_port_free(host, int(port))
-        RollCall(roll_call_port(int(port)), num_processes)
+        RollCall(
+            roll_call_port(int(port)),
+            num_processes,
+            silent_after_s=_silent_after(timeout),
+            on_silent=_peer_silent(process_id, timeout),
+        )
     # Cross-process collectives on CPU need an implementation; gloo ships with jaxlib.
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     seconds = math.ceil(timeout)
@@ -238,20 +257,54 @@ def initialize(
     ):
         if process_id != 0:  # before JAX registers this process with the coordinator
             roll_call = (host.strip("[]"), roll_call_port(int(port)))
-            claim_id(*roll_call, process_id, num_processes, time.monotonic() + timeout)
+            claim_id(
+                *roll_call,
+                process_id,
+                num_processes,
+                time.monotonic() + timeout,
+                silent_after_s=_silent_after(timeout),
+                on_silent=_peer_silent(process_id, timeout),
+            )
         jax.distributed.initialize(
             coordinator_address=coordinator,
             num_processes=num_processes,
             process_id=process_id,
             initialization_timeout=seconds + _JAX_GRACE_S,
             # A process that stops answering (hung, or its host gone) aborts the job
-            # after this; JAX's default is 100 s, and 300 s at shutdown.
-            heartbeat_timeout_seconds=seconds,
+            # after this (JAX's default is 100 s, and 300 s at shutdown). JAX may
+            # count from a heartbeat half its timeout old, and then aborts every
+            # process naming none: twice ours, so the roll call's watch names the
+            # silent process first (at 3/4 of ours).
+            heartbeat_timeout_seconds=2 * seconds,
             shutdown_timeout_seconds=seconds,
         )
     _job_timeout_s = timeout
     threading.Thread(target=_watch_pauses, name="jaxfeed-pause-watch", daemon=True).start()
     return True
+
+
+def _silent_after(timeout: float) -> float:
+    """When the roll call's watch gives up on a silent process: before JAX's
+    heartbeat timeout (``timeout``) runs out and JAX aborts every process."""
+    return 0.75 * timeout
+
+
+def _peer_silent(me: int, timeout: float) -> OnSilent:
+    def report(process_id: int, holder: str, seconds: float) -> None:
+        if _longest_pause_s >= _silent_after(timeout):
+            return  # this process itself was stopped: the pause watch says so
+        print(
+            f"jaxfeed: error: process {process_id} ({holder}) has not answered process "
+            f"{me} for {seconds:.0f} s: it is stopped (SIGSTOP or Ctrl-Z), hung, or its "
+            f"host is suspended or unreachable. The job cannot go on without it (JAX "
+            f"would abort every process after the peer timeout of {timeout:g} s); check "
+            f"that process, then restart every process (resuming from the last checkpoint)",
+            file=sys.stderr,
+            flush=True,
+        )
+        exit_now(2)
+
+    return report
 
 
 def _watch_pauses() -> None:

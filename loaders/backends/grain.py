@@ -29,6 +29,7 @@ from jaxfeed.loaders.protocol import Batch
 from jaxfeed.loaders.rows import ArrayRows
 from jaxfeed.loaders.sampler import Sampler
 from jaxfeed.loaders.transform import RecordTransform
+from jaxfeed.loaders.workers.owned_segments import worker_init
 from jaxfeed.loaders.workers.spawn import children_ignore_stop_signals
 
 SOURCES = ("memory", "tfds")
@@ -151,7 +152,11 @@ class _Reader:
             ds = self._batches[position:].to_iter_dataset(options)
             if self._num_workers:
                 mark_absl_flags_parsed()
-                ds = ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=self._num_workers))
+                # The workers end with this process and name their segments after it.
+                ds = ds.mp_prefetch(
+                    grain.MultiprocessingOptions(num_workers=self._num_workers),
+                    worker_init_fn=worker_init(),
+                )
             self._iterator, self.position = iter(ds), position
         try:
             with children_ignore_stop_signals():  # Grain starts its workers at the first read

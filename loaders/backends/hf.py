@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import os
+import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -34,6 +36,7 @@ import pyarrow as pa
 from jaxfeed.loaders.array_dataset import ArrayDataset
 from jaxfeed.loaders.backends.sampled_source import SampledSource
 from jaxfeed.loaders.bytes_field import BytesField
+from jaxfeed.loaders.data import superseded
 from jaxfeed.loaders.data.cache import build_once, cache_entry
 from jaxfeed.loaders.sampler import Sampler
 from jaxfeed.loaders.transform import RecordTransform
@@ -93,7 +96,7 @@ class HFSource(SampledSource):
         if read not in READS:
             raise ValueError(f"read must be one of {READS}, got {read!r}")
         self.read = read
-        self.path = arrow_cache(dataset)
+        self.path = _read_arrow_cache(self, dataset)
         with _no_progress_bars():
             rows = datasets.Dataset.from_file(str(self.path / ARROW_FILE))
         self.rows = rows.with_format("arrow")
@@ -231,7 +234,11 @@ def arrow_cache(dataset: ArrayDataset) -> Path:
         the message names the directory to delete.
     """
 
+    built = []
+
     def build(scratch: Path) -> None:
+        built.append(scratch)
+        superseded.record_source(scratch, dataset.name)
         rows = chunk_rows(dataset)
         total = sum(array.nbytes for array in dataset.arrays.values())
         schema = _schema(dataset)
@@ -244,7 +251,22 @@ def arrow_cache(dataset: ArrayDataset) -> Path:
             for start in range(0, len(dataset), rows):
                 out.write_batch(_record_batch(dataset, schema, start, start + rows))
 
-    return build_once(cache_path(dataset), build)
+    path = build_once(cache_path(dataset), build)
+    if built:  # a new copy: the ones it supersedes go, unless some process reads them
+        superseded.prune(path, dataset.name)
+    return path
+
+
+def _read_arrow_cache(reader: object, dataset: ArrayDataset) -> Path:
+    """`arrow_cache`, held as read (`superseded.hold_reading`) for the life of
+    ``reader``, so a newer copy's build does not prune it meanwhile."""
+    for _ in range(3):
+        path = arrow_cache(dataset)
+        handle = superseded.hold_reading(path)
+        if handle is not None:
+            weakref.finalize(reader, os.close, handle)
+            return path
+    raise RuntimeError(f"the Arrow copy {path} was pruned 3 times while being opened")
 
 
 def chunk_rows(dataset: ArrayDataset) -> int:

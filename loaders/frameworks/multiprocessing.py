@@ -13,3 +13,14 @@ def pool_processes(pool: concurrent.futures.ProcessPoolExecutor) -> list[multipr
     """The worker processes a ``ProcessPoolExecutor`` started so far: it keeps
     them in the private ``_processes``, a dict by pid."""
     return list(getattr(pool, "_processes", {}).values())
+
+
+def name_shared_memory(prefix: str) -> None:
+    """In this process, names every new ``SharedMemory(create=True)`` segment
+    ``/<prefix><random hex>`` instead of ``/psm_<random hex>``: the standard
+    library draws the name from the private ``shared_memory._make_filename``
+    (a segment whose name is taken is retried with a new one)."""
+    import secrets
+    from multiprocessing import shared_memory
+
+    shared_memory._make_filename = lambda: f"/{prefix}{secrets.token_hex(8)}"

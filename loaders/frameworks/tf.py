@@ -56,7 +56,35 @@ def import_tensorflow() -> ModuleType:
         # Raises RuntimeError once TF is initialised; its devices are then fixed.
         with contextlib.suppress(RuntimeError):
             tf.config.set_visible_devices([], "GPU")
+    _autograph_files_in_an_owned_directory()
     return tf
+
+
+def _autograph_files_in_an_owned_directory() -> None:
+    """Sends the modules autograph generates to a directory this process owns.
+
+    Autograph writes the code it generates for every function it converts (a
+    tf.data map's) to ``$TMPDIR/__autograph_generated_file*.py`` through the
+    private module reference ``tensorflow.python.autograph.pyct.loader.tempfile``
+    and removes them at exit only (``atexit``): a killed process left them for
+    good. Here they go to ``$TMPDIR/jaxfeed-autograph-*`` (`owner_lock`), removed
+    at exit, and by the next run's TF import when this process is killed.
+    """
+    import atexit
+    import shutil
+    import types
+
+    from jaxfeed.loaders.workers.owner_lock import owned_directory
+    from tensorflow.python.autograph.pyct import loader
+
+    directory, _ = owned_directory(tempfile.gettempdir(), AUTOGRAPH_PREFIX)
+    loader.tempfile = types.SimpleNamespace(
+        NamedTemporaryFile=functools.partial(tempfile.NamedTemporaryFile, dir=directory)
+    )
+    atexit.register(shutil.rmtree, directory, ignore_errors=True)
+
+
+AUTOGRAPH_PREFIX = "jaxfeed-autograph-"
 
 
 @functools.cache

@@ -8,9 +8,12 @@ guessed from a process id."""
 from __future__ import annotations
 
 import fcntl
+import glob
 import os
+import shutil
+import tempfile
 
-__all__ = ["hold", "owner_gone"]
+__all__ = ["hold", "owned_directory", "owner_gone", "remove_dead_directories"]
 
 
 def hold(path: str | os.PathLike) -> int:
@@ -35,3 +38,30 @@ def owner_gone(path: str | os.PathLike) -> bool:
     finally:
         os.close(handle)
     return True
+
+
+_OWNER = ".owner.lock"  # in an owned directory: held by its owner for its life
+
+
+def owned_directory(base: str | os.PathLike, prefix: str) -> tuple[str, int]:
+    """A fresh directory ``base/<prefix><random>`` owned by this process: its
+    lock file (in it) is held through the returned descriptor. Directories of
+    ``prefix`` whose owner died (even by SIGKILL, in any PID namespace) are
+    removed first."""
+    remove_dead_directories(base, prefix)
+    directory = tempfile.mkdtemp(prefix=prefix, dir=base)
+    pending = os.path.join(directory, _OWNER + ".starting")  # not the lock anyone looks for
+    handle = hold(pending)
+    os.rename(pending, os.path.join(directory, _OWNER))  # found by others only once held
+    return directory, handle
+
+
+def remove_dead_directories(base: str | os.PathLike, prefix: str) -> list[str]:
+    """Removes the directories ``base/<prefix>*`` whose owner is gone (their
+    lock is free); a live one's, and one without a lock file, are left alone."""
+    removed = []
+    for directory in glob.glob(os.path.join(glob.escape(os.fspath(base)), prefix + "*")):
+        if owner_gone(os.path.join(directory, _OWNER)):
+            shutil.rmtree(directory, ignore_errors=True)
+            removed.append(directory)
+    return removed

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import glob
 import os
 import shutil
 import tempfile
@@ -25,9 +24,17 @@ from collections.abc import Mapping
 from typing import NamedTuple
 
 import numpy as np
-from jaxfeed.loaders.workers.owner_lock import hold, owner_gone
+from jaxfeed.loaders.workers.owner_lock import owned_directory
 
-__all__ = ["Handed", "Layout", "collect", "make_directory", "remove_directory", "write"]
+__all__ = [
+    "Handed",
+    "Layout",
+    "collect",
+    "make_directory",
+    "remove_all",
+    "remove_directory",
+    "write",
+]
 
 Layout = list[tuple[str, str, tuple[int, ...]]]
 """A batch file's fields in order: name, dtype, shape."""
@@ -41,7 +48,6 @@ class Handed(NamedTuple):
 
 
 _PREFIX = "jaxfeed-batches-"
-_OWNER = ".owner.lock"  # held (flock) by the process that made the directory, for its life
 _HELD: dict[str, int] = {}  # directory -> the open lock file that says its owner lives
 
 
@@ -53,9 +59,8 @@ def make_directory() -> str:
     ran in."""
     shm = "/dev/shm"
     base = shm if os.path.isdir(shm) and os.access(shm, os.W_OK) else tempfile.gettempdir()
-    _remove_orphans(base)
-    directory = tempfile.mkdtemp(prefix=_PREFIX, dir=base)
-    _HELD[directory] = hold(os.path.join(directory, _OWNER))
+    directory, handle = owned_directory(base, _PREFIX)
+    _HELD[directory] = handle
     return directory
 
 
@@ -64,14 +69,6 @@ def remove_directory(directory: str) -> None:
     handle = _HELD.pop(directory, None)
     if handle is not None:
         os.close(handle)
-
-
-def _remove_orphans(base: str) -> None:
-    """Removes the batch directories in ``base`` whose owner is gone (their
-    lock is free); a live run's, and one without a lock file, are left alone."""
-    for directory in glob.glob(os.path.join(base, _PREFIX + "*")):
-        if owner_gone(os.path.join(directory, _OWNER)):
-            shutil.rmtree(directory, ignore_errors=True)
 
 
 def write(batch: Mapping[str, np.ndarray], directory: str) -> Handed:
@@ -113,3 +110,9 @@ def collect(path: str, layout: Layout) -> dict[str, np.ndarray]:
         out[key] = data[at : at + size].view(dtype).reshape(shape)
         at += size
     return out
+
+
+def remove_all() -> None:
+    """Removes every batch directory this process made (before a hard exit)."""
+    for directory in list(_HELD):
+        remove_directory(directory)

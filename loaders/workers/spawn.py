@@ -141,14 +141,15 @@ def _sigterm_only_from_parent() -> None:
     threading.Thread(target=wait, name="jaxfeed-sigterm-from-parent", daemon=True).start()
 
 
-def _exit_with_parent() -> None:
-    """In a child: ends it once its parent is gone, however the parent died
-    (SIGKILL, out of memory), instead of living on with its batches. A thread
-    that watches who the parent is, not ``PR_SET_PDEATHSIG``: that signal
-    follows the *thread* that started the child, and a loader's workers are
-    started by whichever thread reads first."""
-
-    parent = os.getppid()  # (1, or a subreaper, if the parent is already gone)
+def exit_with_parent(parent: int | None = None) -> None:
+    """In a child: ends it once its parent (``parent``, a pid; default: the
+    parent it has now) is gone, however the parent died (SIGKILL, out of
+    memory), instead of living on with its batches. A thread that watches who
+    the parent is, not ``PR_SET_PDEATHSIG``: that signal follows the *thread*
+    that started the child, and a loader's workers are started by whichever
+    thread reads first."""
+    if parent is None:
+        parent = os.getppid()  # (1, or a subreaper, if the parent is already gone)
 
     def watch() -> None:
         while os.getppid() == parent:
@@ -168,7 +169,7 @@ class _StopSignalsIgnoringProcess(SpawnProcess):
 
     def run(self) -> None:  # in the child
         _sigterm_only_from_parent()
-        _exit_with_parent()
+        exit_with_parent()
         super().run()
 
 
@@ -294,3 +295,18 @@ def raise_if_dead(processes: Iterable[multiprocessing.Process], what: str, light
             f"{what} (pid {process.pid}) {how} while batches were being read, "
             f"so this epoch cannot complete; {hint}"
         )
+
+
+def kill_children() -> None:
+    """Kills (SIGKILL) and reaps every worker process this process started
+    through ``multiprocessing`` (jaxfeed's, torch's and Grain's), for a process
+    about to leave through ``os._exit``, which runs no ``close()`` and no exit
+    hook: its workers would live on, with their shared memory and its output
+    pipe. At once, not SIGTERM first: Grain's ignore it, and a process that
+    leaves after a lost peer has moments before JAX aborts it."""
+    children = multiprocessing.active_children()
+    for child in children:
+        with contextlib.suppress(OSError):
+            child.kill()
+    for child in children:
+        child.join(1)

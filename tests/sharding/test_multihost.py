@@ -297,7 +297,13 @@ def _training_job(tmp_path: Path, *args: str, name: str = "process") -> Iterator
 @pytest.mark.slow
 @pytest.mark.parametrize("killed", [0, 1])
 def test_a_peer_killed_during_training_stops_the_job(tmp_path, killed):
-    with _training_job(tmp_path, "--peer-timeout", PEER_TIMEOUT) as (_, children, logs):
+    # The survivor leaves through os._exit (JAX's shutdown barrier would wait for
+    # the dead peer): its Grain workers (which ignore SIGTERM) lived on, with
+    # their shared memory, holding its output open. Now it ends them first, fast
+    # enough that JAX does not abort it when its coordinator (process 0) is gone.
+    grain = ("--loader", "grain", "--loader-option", "num_workers=2") if killed == 0 else ()
+    with _training_job(tmp_path, *grain, "--peer-timeout", PEER_TIMEOUT) as (_, children, logs):
+        workers = _workers(children[1 - killed].pid) if grain else set()
         children[killed].kill()
         results = _finish(children, logs)
     status, output = results[1 - killed]
@@ -306,6 +312,34 @@ def test_a_peer_killed_during_training_stops_the_job(tmp_path, killed):
         f"jaxfeed: error: process {1 - killed} lost its connection to another process during "
         "training" in output
     ), output
+    assert not [pid for pid in workers if _alive(pid)], "workers outlived the survivor"
+
+
+def _children(pid: int) -> set[int]:
+    children = set()
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{task}/children") as file:
+            children |= {int(child) for child in file.read().split()}
+    return children
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            return not any(line.startswith("State:\tZ") for line in status)  # a zombie is gone
+    except FileNotFoundError:
+        return False
+
+
+def _workers(pid: int) -> set[int]:
+    """The worker processes of ``pid`` (its children but multiprocessing's resource tracker)."""
+    workers = set()
+    for child in _children(pid):
+        with open(f"/proc/{child}/cmdline") as cmdline:
+            if "resource_tracker" not in cmdline.read():
+                workers.add(child)
+    assert len(workers) >= 2, workers
+    return workers
 
 
 @pytest.mark.slow
@@ -350,4 +384,23 @@ def test_a_paused_process_blames_itself(tmp_path):
         output1,
     ), output1
     assert "lost its connection" not in output1
-    assert status0 != 0 and "stopped sending heartbeats" in output0, output0  # JAX names 1
+    assert status0 == 2, output0  # the healthy one names process 1 before JAX aborts it
+    assert re.search(r"jaxfeed: error: process 1 \(pid \d+ on .+\) has not answered", output0)
+
+
+@pytest.mark.slow
+def test_a_frozen_peer_is_named_before_jax_aborts(tmp_path):
+    # JAX's heartbeat timeout aborted the healthy process (SIGABRT, a C++ stack,
+    # "stopped sending heartbeats") with no jaxfeed line naming the peer.
+    with _training_job(tmp_path, "--peer-timeout", PEER_TIMEOUT) as (_, children, logs):
+        children[1].send_signal(signal.SIGSTOP)
+        children[0].wait(timeout=HARD_TIMEOUT)
+        children[1].kill()  # still stopped: nothing can wake it now
+        (status, output), _ = _finish(children, logs)
+    assert status == 2, output
+    assert re.search(
+        rf"jaxfeed: error: process 1 \(pid {children[1].pid} on .+\) has not answered "
+        r"process 0 for \d+ s: it is stopped \(SIGSTOP or Ctrl-Z\), hung",
+        output,
+    ), output
+    assert "stopped sending heartbeats" not in output  # JAX's abort did not come first

@@ -136,3 +136,46 @@ def test_chunked_arrow_files_read_the_same_rows(monkeypatch, tmp_path):
     reference = numpy_backend.build(data, sampler)
     for epoch in (0, 1):
         assert_same_batches(list(source.iter_epoch(epoch)), list(reference.iter_epoch(epoch)))
+
+
+def _regenerate(directory, seed: int) -> None:
+    directory.mkdir(exist_ok=True)
+    rng = np.random.default_rng(seed)
+    np.save(directory / "x.npy", rng.normal(size=(64, 3)).astype(np.float32))
+    np.save(directory / "label.npy", rng.integers(0, 10, 64).astype(np.int32))
+
+
+def test_copies_of_a_regenerated_dataset_are_pruned_unless_read(tmp_path, monkeypatch):
+    # Every regeneration of an on-disk dataset kept a full Arrow copy, for good.
+    import gc
+
+    monkeypatch.setenv("JAXFEED_CACHE_DIR", str(tmp_path / "cache"))
+    directory = tmp_path / "data"
+
+    def copies():
+        return sorted(
+            p.name for p in (tmp_path / "cache").rglob("*") if (p / "data.arrow").is_file()
+        )
+
+    def make():
+        return loaders.make("hf", dataset=directory, batch_size=16, shuffle=False)
+
+    _regenerate(directory, 0)
+    reading = make()  # a live reader of the first copy
+    first = copies()
+    for seed in (1, 2, 3):
+        _regenerate(directory, seed)
+        make()
+    # The first copy is read, so it stays; of the others only the newest is left.
+    assert len(first) == 1 and first[0] in copies() and len(copies()) == 2, copies()
+    labels = np.concatenate([b["label"] for b in reading.iter_epoch(0)])  # still readable
+    assert len(labels) == 64
+    del reading
+    gc.collect()
+    _regenerate(directory, 4)
+    latest = make()
+    assert copies() == [latest.path.name]  # one copy per source
+    np.testing.assert_array_equal(
+        np.concatenate([b["label"] for b in latest.iter_epoch(0)]),
+        np.load(directory / "label.npy"),
+    )

@@ -155,6 +155,19 @@ def test_tf_imports_quietly():
     )
 
 
+def test_tf_autograph_files_go_to_an_owned_directory():
+    read("tf", "tensorflow", tf_door.import_tensorflow)
+    from tensorflow.python.autograph.pyct import loader
+
+    _, path = read("tf", "tensorflow", loader.load_source, "x = 1\n", True)
+    expect(
+        os.path.basename(os.path.dirname(path)).startswith(tf_door.AUTOGRAPH_PREFIX),
+        "tf",
+        "tensorflow",
+        f"autograph wrote {path}, not in a {tf_door.AUTOGRAPH_PREFIX}* directory",
+    )
+
+
 def test_quiet_stderr_replays_only_on_failure(capfd):
     with tf_door.quiet_stderr():
         os.write(2, b"start-up noise\n")
@@ -372,6 +385,24 @@ def test_process_pool_processes():
             "python",
             f"a pool's _processes are {workers!r}, not its worker",
         )
+
+
+def test_shared_memory_names(monkeypatch):
+    from multiprocessing import shared_memory
+
+    monkeypatch.setattr(shared_memory, "_make_filename", shared_memory._make_filename)
+    read("multiprocessing", "python", multiprocessing_door.name_shared_memory, "psm_jaxfeed-test-")
+    segment = shared_memory.SharedMemory(create=True, size=8)
+    try:
+        expect(
+            segment.name.startswith("psm_jaxfeed-test-"),
+            "multiprocessing",
+            "python",
+            f"a new segment is named {segment.name!r}",
+        )
+    finally:
+        segment.close()
+        segment.unlink()
 
 
 # --- JAX -----------------------------------------------------------------------------------

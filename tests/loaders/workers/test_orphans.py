@@ -1,8 +1,12 @@
 """Shared memory and workers on a shared machine: nothing outlives a run killed
 outright (its workers end when they see their parent gone, and the batch
 directory it left in /dev/shm goes with the next run's first one, the owner's
-lock having died with it), and a full /dev/shm is named with the fix."""
+lock having died with it; Grain's workers, which Grain starts itself, alike,
+their shared-memory segments named after their run), and a full /dev/shm is
+named with the fix."""
 
+import contextlib
+import glob
 import json
 import os
 import signal
@@ -12,7 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-from jaxfeed.loaders.workers import shared_batches
+from jaxfeed.loaders.workers import owned_segments, owner_lock, shared_batches
 
 TESTS = Path(__file__).resolve().parents[2]
 
@@ -97,3 +101,130 @@ def test_a_full_dev_shm_is_named_with_its_size_and_the_fix(monkeypatch):
     finally:
         monkeypatch.undo()
         shared_batches.remove_directory(directory)
+
+
+# Reads a batch through two Grain workers, says who they are and the tag their
+# shared-memory segments carry, then waits to be killed.
+_GRAIN_RUN = r"""
+import glob, json, os, sys
+sys.path.insert(0, sys.argv[1])
+from jaxfeed import loaders
+from jaxfeed.loaders.workers import owned_segments
+from transform_helpers import encoded_digits, random_augment
+
+source = loaders.make("grain", dataset=encoded_digits(64), batch_size=4,
+                      transform=random_augment, num_workers=2)
+batches = source.iter_epoch(0)
+next(batches)
+children = set()
+for task in os.listdir(f"/proc/{os.getpid()}/task"):
+    with open(f"/proc/{os.getpid()}/task/{task}/children") as file:
+        children |= {int(pid) for pid in file.read().split()}
+tag = owned_segments.owner_tag()
+segments = glob.glob(f"/dev/shm/{owned_segments.SEGMENT_PREFIX}{tag}-*")
+print(json.dumps({"children": sorted(children), "tag": tag, "segments": segments}), flush=True)
+sys.stdin.read()
+"""
+
+
+def _killed_grain_run(whole_group: bool) -> dict:
+    """A Grain run with 2 workers, SIGKILLed (with its workers and resource
+    tracker when ``whole_group``, as a container's end kills them all) once a
+    batch was read; what it said. Returns when every process it started is gone."""
+    run = subprocess.Popen(
+        [sys.executable, "-c", _GRAIN_RUN, str(TESTS)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        said = json.loads(run.stdout.readline())
+    finally:
+        if whole_group:
+            os.killpg(run.pid, signal.SIGKILL)
+        else:
+            run.send_signal(signal.SIGKILL)
+        run.wait(timeout=60)
+    assert len(said["children"]) >= 3 and said["tag"], said  # 2 workers and the tracker
+    assert said["segments"], said  # the workers' segments carry the run's tag
+    deadline = time.monotonic() + 60
+    while any(_alive(pid) for pid in said["children"]) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not [pid for pid in said["children"] if _alive(pid)], "outlived their killed parent"
+    return said
+
+
+def _segments(tag: str) -> list[str]:
+    return glob.glob(f"/dev/shm/{owned_segments.SEGMENT_PREFIX}{tag}-*")
+
+
+@pytest.mark.slow
+def test_grain_workers_and_their_tracker_end_with_a_parent_killed_outright():
+    said = _killed_grain_run(whole_group=False)
+    owned_segments.remove_dead_segments()  # what the next run does first
+    assert not _segments(said["tag"])
+    assert not glob.glob(f"/dev/shm/*{said['tag']}*")
+
+
+@pytest.mark.slow
+def test_segments_of_a_run_killed_with_its_tracker_go_with_the_next_run():
+    said = _killed_grain_run(whole_group=True)
+    left = _segments(said["tag"])
+    assert left  # nothing alive could unlink them
+    # A live run's segment (this test holds its tag's lock) is never touched.
+    live_tag = "0123456789ab"
+    lock = f"/dev/shm/jaxfeed-segments-{live_tag}.lock"
+    live = f"/dev/shm/{owned_segments.SEGMENT_PREFIX}{live_tag}-00"
+    handle = owner_lock.hold(lock)
+    try:
+        Path(live).write_bytes(b"x")
+        removed = owned_segments.remove_dead_segments()
+        assert set(left) <= set(removed) and not _segments(said["tag"])
+        assert os.path.exists(live) and os.path.exists(lock)
+    finally:
+        os.close(handle)
+        for path in (live, lock):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+
+
+# Reads a batch through tf.data with a transform (autograph converts its map),
+# says which autograph files it made, then waits to be killed.
+_TF_RUN = r"""
+import glob, json, os, sys, tempfile
+sys.path.insert(0, sys.argv[1])
+from jaxfeed import loaders
+from transform_helpers import encoded_digits, random_augment
+
+source = loaders.make("tf", dataset=encoded_digits(32), batch_size=4, transform=random_augment)
+next(iter(source.iter_epoch(0)))
+made = glob.glob(os.path.join(tempfile.gettempdir(), "**", "__autograph_generated_file*"),
+                 recursive=True)
+print(json.dumps(made), flush=True)
+sys.stdin.read()
+"""
+
+
+@pytest.mark.slow
+def test_a_killed_tf_run_leaves_no_autograph_file(tmp_path):
+    from jaxfeed.loaders.frameworks.tf import AUTOGRAPH_PREFIX
+
+    run = subprocess.Popen(
+        [sys.executable, "-c", _TF_RUN, str(TESTS)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "TMPDIR": str(tmp_path)},
+    )
+    try:
+        made = json.loads(run.stdout.readline())
+    finally:
+        run.send_signal(signal.SIGKILL)
+        run.wait(timeout=60)
+    assert made, "autograph wrote no file: nothing was tested"
+    # In a directory the run owned, not loose in $TMPDIR...
+    assert all(Path(path).parent.name.startswith(AUTOGRAPH_PREFIX) for path in made), made
+    # ...which the next run removes, its owner's lock having died with it.
+    owner_lock.remove_dead_directories(tmp_path, AUTOGRAPH_PREFIX)
+    assert not list(tmp_path.rglob("__autograph_generated_file*"))
