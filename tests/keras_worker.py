@@ -22,6 +22,9 @@ Keras picks its backend when it is imported, so the tests run this with
   compiled with plain ``metrics`` and for one with ``weighted_metrics``.
 * ``tf_order``: how far from plain Keras's ``fit(ds)`` on a seeded, shuffled
   tf.data pipeline the weights end, through ``keras_data(wrap(ds), epoch=e)``.
+* ``grain_folder``: ``keras_data(wrap(image_dataset_from_directory(...,
+  format="grain")))`` on 10 images in batches of 4: its length, and the
+  batches a ``fit`` epoch read.
 """
 
 import json
@@ -279,6 +282,26 @@ def tf_order(tf) -> dict:
     return gaps
 
 
+def grain_folder(folder: str) -> dict:
+    """An image folder as Keras reads it with ``format="grain"``, through keras_data."""
+    from PIL import Image
+
+    for i in range(10):
+        os.makedirs(f"{folder}/class_{i % 2}", exist_ok=True)
+        Image.new("RGB", (8, 8), (i * 20, 0, 0)).save(f"{folder}/class_{i % 2}/{i}.png")
+    images = keras.utils.image_dataset_from_directory(
+        folder, format="grain", batch_size=4, image_size=(8, 8), seed=SEED, verbose=False
+    )
+    source = Recording(jaxfeed.wrap(images))
+    data = jaxfeed.keras_data(source, x="image", y="label")
+    model = keras.Sequential(
+        [keras.Input((8, 8, 3)), keras.layers.Flatten(), keras.layers.Dense(2)]
+    )
+    model.compile(loss="sparse_categorical_crossentropy", weighted_metrics=["accuracy"])
+    model.fit(data, epochs=1, verbose=0)
+    return {"num_batches": source.num_batches, "fit": source.log}
+
+
 def main(out: str) -> None:
     if keras.backend.backend() != "jax":
         raise SystemExit(f"Keras runs on {keras.backend.backend()!r}; run with KERAS_BACKEND=jax")
@@ -286,6 +309,7 @@ def main(out: str) -> None:
     model, result = native(tf)
     result = {"native": result, "padding": padding(model, tf), "passes": passes()}
     result |= {"warnings": padding_warnings(), "tf_order": tf_order(tf)}
+    result["grain_folder"] = grain_folder(os.path.join(os.path.dirname(out), "folder"))
     with open(out, "w") as f:
         json.dump(result, f)
 

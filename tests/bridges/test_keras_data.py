@@ -129,6 +129,15 @@ def test_epoch_1_trains_as_plain_keras_fit_on_the_tf_data_pipeline(keras_run):
     assert gaps["epoch=0"] > 1e-5, gaps  # the first order: other batches, other weights
 
 
+@pytest.mark.slow
+def test_a_grain_image_folder_from_keras_needs_no_steps_per_epoch(keras_run):
+    """image_dataset_from_directory(format="grain") is a MapDataset made a
+    batched IterDataset: wrap counts its batches (issue 30, item 8)."""
+    run = keras_run["grain_folder"]
+    assert run["num_batches"] == 3  # 10 images in batches of 4
+    assert run["fit"] == [[0, 0], [0, 1], [0, 2]]
+
+
 @pytest.fixture(scope="module")
 def source() -> jaxfeed.BatchSource:
     return jaxfeed.make("numpy", dataset="mnist-sample", batch_size=64)
