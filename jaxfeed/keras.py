@@ -153,14 +153,14 @@ def warn_unweighted_metrics(keras: Any, padding_rows: int) -> bool:
     frame up the stack. The keras door says what it was compiled with.
     """
     frame = inspect.currentframe()
-    model = None
+    model, method = None, None
     while frame is not None and model is None:
         candidate = frame.f_locals.get("self")
         if isinstance(candidate, keras.Model):
-            model = candidate
+            model, method = candidate, frame.f_code.co_name
         frame = frame.f_back
     del frame  # frames hold their locals: no cycle through this one
-    if model is None:
+    if model is None or method == "predict":  # predict computes no metrics
         return False
     plain, _ = keras_door.compiled_metrics(model)
     names = [m if isinstance(m, str) else getattr(m, "name", type(m).__name__) for m in plain]
