@@ -4,7 +4,9 @@
 of ``(x, y, sample_weight)`` tuples: the fields named, and the source's
 ``mask`` as the weight, so padding rows weigh nothing in the loss and in
 ``weighted_metrics`` (Keras's plain ``metrics`` ignore sample weights);
-``padding="drop"`` cuts them off instead (docs/keras.md).
+``padding="drop"`` cuts them off instead (docs/keras.md). The first padded
+batch a model compiled with plain ``metrics`` reads draws a warning that names
+them (`warn_unweighted_metrics`).
 
 Why a PyDataset read as a stream. Keras 3 takes Python data in two forms:
 
@@ -33,12 +35,15 @@ longer epoch is not counted, and the next pass begins with those batches.
 from __future__ import annotations
 
 import functools
+import inspect
+import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from jaxfeed.loaders.checks import check_position
+from jaxfeed.loaders.frameworks import keras as keras_door
 from jaxfeed.loaders.protocol import MASK_KEY, Batch, BatchSource, SkipsDataState
 from jaxfeed.sharding import DeviceFeed
 
@@ -111,8 +116,10 @@ def keras_data(
     if source.num_batches is None:
         raise ValueError(
             "the source does not know its epoch length (num_batches is None: a wrapped "
-            "stream), and Keras needs it to end an epoch; wrap it with "
-            "jaxfeed.wrap(obj, steps_per_epoch=N)"
+            "stream whose framework cannot say, e.g. a tf.data pipeline over TFRecord files, "
+            "which tf.data cannot count without reading them), and Keras needs it to end an "
+            "epoch; count the batches once, N = sum(1 for _ in source.iter_epoch(0)), and "
+            "wrap it with jaxfeed.wrap(obj, steps_per_epoch=N)"
         )
     fields = [f for f in source.element_spec if f != MASK_KEY]
     _check_fields("x", x, fields)
@@ -134,6 +141,39 @@ def jax_keras() -> Any:
             f"KERAS_BACKEND=jax before keras is imported (importing tensorflow imports it)"
         )
     return keras
+
+
+def warn_unweighted_metrics(keras: Any, padding_rows: int) -> bool:
+    """Warns when the Keras model reading this batch has plain ``metrics``, which
+    count the batch's ``padding_rows`` (Keras applies sample weights to
+    ``weighted_metrics`` only). Returns whether a model was found to ask.
+
+    Keras 3 reads a one-worker ``PyDataset`` in the calling thread, inside the
+    model's ``fit`` / ``evaluate`` / ``predict``: the model is the ``self`` of a
+    frame up the stack. The keras door says what it was compiled with.
+    """
+    frame = inspect.currentframe()
+    model, method = None, None
+    while frame is not None and model is None:
+        candidate = frame.f_locals.get("self")
+        if isinstance(candidate, keras.Model):
+            model, method = candidate, frame.f_code.co_name
+        frame = frame.f_back
+    del frame  # frames hold their locals: no cycle through this one
+    if model is None or method == "predict":  # predict computes no metrics
+        return False
+    plain, _ = keras_door.compiled_metrics(model)
+    names = [m if isinstance(m, str) else getattr(m, "name", type(m).__name__) for m in plain]
+    if names:
+        warnings.warn(
+            f"model {model.name!r} was compiled with metrics={names}, which Keras computes "
+            f"without sample weights, so the {padding_rows} padding rows of this batch count "
+            f"in them (keras_data weighs them 0 in the loss); compile them as "
+            f"weighted_metrics={names} instead, or pass keras_data(..., padding='drop')",
+            UserWarning,
+            stacklevel=2,
+        )
+    return True
 
 
 def _check_fields(role: str, chosen: object, fields: list[str]) -> None:
@@ -182,6 +222,7 @@ class _Passes:
         self._taken = 0  # batches taken from the open epoch
         self._served: list[tuple] = []  # handed to Keras in its current pass (the first few)
         self._replay: list[tuple] = []  # to hand out again, first, in the next pass
+        self._metrics_checked = False  # whether the model's metrics were asked about padding
 
     @property
     def num_batches(self) -> int:
@@ -255,6 +296,9 @@ class _Passes:
                 batch = {name: array[real] for name, array in batch.items()}
         elif self._masked:
             weight = batch[MASK_KEY].astype(np.float32)
+            padding_rows = int(weight.size - np.count_nonzero(weight))
+            if padding_rows and not self._metrics_checked:
+                self._metrics_checked = warn_unweighted_metrics(jax_keras(), padding_rows)
         x = _pick(batch, self._x)
         if self._y is None:
             return (x,)

@@ -10,7 +10,9 @@ byte-identical batches on every backend, and a new one every epoch.
 A transform that draws from anything else (``np.random.*``, ``random``,
 torch's global generator, fresh entropy) gets a `TransformRandomnessWarning`
 when the source is made: row 0 is transformed twice and the global generators
-are compared around it.
+are compared around it. Torch code draws from `torch_generator` (``rng``'s
+draw seeding one reused ``torch.Generator`` per thread), passed as
+``generator=`` to its random ops.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import os
 import pickle
 import random
 import sys
+import threading
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -27,7 +30,13 @@ import numpy as np
 from jaxfeed.loaders.array_dataset import NUMERIC_KINDS, ArrayDataset, as_device_dtype
 from jaxfeed.loaders.protocol import MASK_KEY
 
-__all__ = ["RecordFn", "RecordTransform", "TransformError", "TransformRandomnessWarning"]
+__all__ = [
+    "RecordFn",
+    "RecordTransform",
+    "TransformError",
+    "TransformRandomnessWarning",
+    "torch_generator",
+]
 
 RecordFn = Callable[[dict[str, Any], np.random.Generator], Mapping[str, Any]]
 
@@ -61,7 +70,8 @@ class RecordTransform:
         record = {key: array[0] for key, array in dataset.arrays.items()}
         before = _global_random_states()
         first = self._call(record, 0, 0)
-        moved = [name for name, state in _global_random_states().items() if state != before[name]]
+        after = _global_random_states()  # torch's too, if the call imported torch
+        moved = [name for name, state in before.items() if after[name] != state]
         for key, value in first.items():
             if key == MASK_KEY or not isinstance(key, str):
                 raise TransformError(
@@ -156,6 +166,36 @@ class TransformRandomnessWarning(UserWarning):
     differ between backends, runs and resumes."""
 
 
+_TORCH_GENERATORS = threading.local()  # one torch.Generator per thread of each process
+
+
+def torch_generator(rng: np.random.Generator) -> Any:
+    """A ``torch.Generator`` seeded from ``rng``: torch's random ops in a
+    transform, byte-identical on every backend.
+
+    Pass it as ``generator=`` (``torch.rand(..., generator=g)``,
+    ``torch.randint``, ``torch.randperm``, ``tensor.random_``). One generator
+    per thread is reused and re-seeded for each record, which costs a fraction
+    of ``torch.manual_seed`` (that seeds every device's global generator) and
+    leaves torch's global generator untouched. The seed is one draw from
+    ``rng``, so the row's other draws from ``rng`` stay its own.
+
+    Example:
+      >>> def augment(record, rng):
+      ...     g = torch_generator(rng)
+      ...     image = torch.from_numpy(record["image"])
+      ...     top, left = torch.randint(0, 5, (2,), generator=g).tolist()
+      ...     return {"image": image[top : top + 24, left : left + 24].numpy()}
+    """
+    generator = getattr(_TORCH_GENERATORS, "generator", None)
+    if generator is None:
+        import torch
+
+        generator = _TORCH_GENERATORS.generator = torch.Generator()
+    generator.manual_seed(int(rng.integers(2**63)))
+    return generator
+
+
 def _global_random_states() -> dict[str, bytes]:
     """The global generators a transform might draw from instead of its ``rng``:
     numpy's legacy one, Python's ``random``, and torch's once torch is imported."""
@@ -188,8 +228,8 @@ def _warn_unless_pure(moved: list[str], first: Mapping[str, Any], second: Mappin
     warnings.warn(
         f"the transform is not a function of (record, rng) alone: {what}; its batches will "
         "differ between backends, runs and resumes. Draw every random number from the rng "
-        "argument (rng.integers, rng.random, ...); torch code can take "
-        "torch.Generator().manual_seed(int(rng.integers(2**63)))",
+        "argument (rng.integers, rng.random, ...); torch code can pass "
+        "generator=jaxfeed.loaders.transform.torch_generator(rng) to its random ops",
         TransformRandomnessWarning,
         stacklevel=4,
     )

@@ -18,11 +18,19 @@ Keras picks its backend when it is imported, so the tests run this with
   new model's ``fit`` with validation (and reading one batch ahead, as on an
   accelerator), ``fit(steps_per_epoch=3)``, ``evaluate`` and ``predict``;
   the tuple shapes for each kind of source.
+* ``warnings``: what ``evaluate`` on a padded source warned, for a model
+  compiled with plain ``metrics`` and for one with ``weighted_metrics``.
+* ``tf_order``: how far from plain Keras's ``fit(ds)`` on a seeded, shuffled
+  tf.data pipeline the weights end, through ``keras_data(wrap(ds), epoch=e)``.
+* ``grain_folder``: ``keras_data(wrap(image_dataset_from_directory(...,
+  format="grain")))`` on 10 images in batches of 4: its length, and the
+  batches a ``fit`` epoch read.
 """
 
 import json
 import os
 import sys
+import warnings
 from collections.abc import Iterator
 from unittest import mock
 
@@ -236,12 +244,80 @@ def passes() -> dict:
     }
 
 
+def padding_warnings() -> dict:
+    """Warnings of ``evaluate`` on a source whose last batch is padded."""
+    _, test = sources()
+    said = {}
+    for name, metrics in {"metrics": ["accuracy"], "weighted_metrics": ["accuracy"]}.items():
+        model = keras.Sequential(  # small: what matters is how it is compiled
+            [
+                keras.Input((28, 28, 1), dtype="uint8"),
+                keras.layers.Flatten(),
+                keras.layers.Dense(10),
+            ]
+        )
+        loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+        model.compile(loss=loss, **{name: metrics})
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            model.evaluate(jaxfeed.keras_data(test, x="image", y="label"), verbose=0)
+        said[name] = [str(w.message) for w in caught if "keras_data" in str(w.message)]
+    return said
+
+
+def tf_order(tf) -> dict:
+    """Plain Keras's ``fit`` on tf.data against ``keras_data(wrap(ds), epoch=e)``."""
+    rng = np.random.default_rng(SEED)
+    x, y = rng.normal(size=(64, 4)).astype(np.float32), np.arange(64, dtype=np.int32)
+
+    def dataset():  # seeded: every build shuffles the same orders, iteration after iteration
+        return tf.data.Dataset.from_tensor_slices((x, y)).shuffle(64, seed=3).batch(16)
+
+    def model() -> keras.Model:
+        init = keras.initializers.GlorotUniform(seed=SEED)
+        m = keras.Sequential([keras.Input((4,)), keras.layers.Dense(64, kernel_initializer=init)])
+        m.compile(optimizer=keras.optimizers.SGD(0.1), loss="sparse_categorical_crossentropy")
+        return m
+
+    plain = model()
+    plain.fit(dataset(), epochs=2, verbose=0)
+    gaps = {}
+    for epoch in (0, 1):
+        bridged = model()
+        data = jaxfeed.keras_data(jaxfeed.wrap(dataset()), x="image", y="label", epoch=epoch)
+        bridged.fit(data, epochs=2, verbose=0)
+        gaps[f"epoch={epoch}"] = gap(plain, bridged)
+    return gaps
+
+
+def grain_folder(folder: str) -> dict:
+    """An image folder as Keras reads it with ``format="grain"``, through keras_data."""
+    from PIL import Image
+
+    for i in range(10):
+        os.makedirs(f"{folder}/class_{i % 2}", exist_ok=True)
+        Image.new("RGB", (8, 8), (i * 20, 0, 0)).save(f"{folder}/class_{i % 2}/{i}.png")
+    images = keras.utils.image_dataset_from_directory(
+        folder, format="grain", batch_size=4, image_size=(8, 8), seed=SEED, verbose=False
+    )
+    source = Recording(jaxfeed.wrap(images))
+    data = jaxfeed.keras_data(source, x="image", y="label")
+    model = keras.Sequential(
+        [keras.Input((8, 8, 3)), keras.layers.Flatten(), keras.layers.Dense(2)]
+    )
+    model.compile(loss="sparse_categorical_crossentropy", weighted_metrics=["accuracy"])
+    model.fit(data, epochs=1, verbose=0)
+    return {"num_batches": source.num_batches, "fit": source.log}
+
+
 def main(out: str) -> None:
     if keras.backend.backend() != "jax":
         raise SystemExit(f"Keras runs on {keras.backend.backend()!r}; run with KERAS_BACKEND=jax")
     tf = import_tensorflow()
     model, result = native(tf)
     result = {"native": result, "padding": padding(model, tf), "passes": passes()}
+    result |= {"warnings": padding_warnings(), "tf_order": tf_order(tf)}
+    result["grain_folder"] = grain_folder(os.path.join(os.path.dirname(out), "folder"))
     with open(out, "w") as f:
         json.dump(result, f)
 

@@ -50,3 +50,19 @@ def decode_png_size(record: dict, rng: np.random.Generator) -> dict:
     from PIL import Image
 
     return {"side": np.int32(Image.open(io.BytesIO(record["png"])).size[0])}
+
+
+def torch_augment(record: dict, rng: np.random.Generator) -> dict:
+    """torchvision-style augmentation written with torch ops, drawing from
+    `torch_generator`: a random crop, a flip, noise, and one draw of ``rng``'s."""
+    import torch
+    from jaxfeed.loaders.transform import torch_generator
+
+    g = torch_generator(rng)
+    image = torch.from_numpy(np.asarray(record["image"], np.float32))
+    top, left = torch.randint(0, 3, (2,), generator=g).tolist()
+    image = image[top : top + 6, left : left + 6]
+    if torch.rand((), generator=g) < 0.5:
+        image = image.flip(1)
+    image = image + 0.1 * torch.randn(image.shape, generator=g)
+    return {"image": image.numpy(), "row": record["row"], "after": np.float32(rng.random())}

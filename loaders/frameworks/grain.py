@@ -46,6 +46,12 @@ def batch_size(dataset: Any) -> int:
     return dataset._batch_size
 
 
+def iter_batch_settings(dataset: Any) -> tuple[int, bool]:
+    """``(batch_size, drop_remainder)`` of a ``BatchIterDataset`` (private
+    ``_batch_size``, ``_drop_remainder``)."""
+    return dataset._batch_size, dataset._drop_remainder
+
+
 def mark_absl_flags_parsed() -> None:
     """Lets ``mp_prefetch`` run outside ``absl.app``.
 

@@ -237,7 +237,42 @@ def wrap_iter_dataset(dataset: Any, settings: WrapSettings, **_: Any) -> Epochs:
         dataset = dataset.batch(batch_size, drop_remainder=settings.drop_remainder)
     endless = _endless(dataset)
     cursor = GrainCursor(lambda pass_: dataset)
-    return stream_epochs(kind, cursor, settings, endless=endless, batch_size=batch_size or native)
+    return stream_epochs(
+        kind,
+        cursor,
+        settings,
+        endless=endless,
+        num_batches=None if endless else _counted_batches(dataset, settings.drop_remainder),
+        batch_size=batch_size or native,
+    )
+
+
+# IterDataset steps that yield one element per element read (and no other kind).
+_ONE_FOR_ONE = {"MapIterDataset", "PrefetchIterDataset", "ThreadPrefetchIterDataset"}
+
+
+def _counted_batches(dataset: Any, drop_remainder: bool) -> int | None:
+    """Batches per pass of ``map_dataset...to_iter_dataset()[.map()...].batch(B)``
+    (what ``keras.utils.image_dataset_from_directory(format="grain")`` builds):
+    the MapDataset's length, batched; None for any other chain (a filter, a
+    MapDataset with holes), whose length only reading it would tell. A short
+    last batch is not counted when either ``.batch()`` or wrap's
+    ``drop_remainder`` drops it.
+    """
+    if type(dataset).__name__ != "BatchIterDataset":
+        return None
+    batch_size, drop = grain_door.iter_batch_settings(dataset)
+    drop = drop or drop_remainder
+    (node,) = dataset.parents
+    while type(node).__name__ in _ONE_FOR_ONE and "MapDataset" not in class_names(node):
+        parents = getattr(node, "parents", ())
+        if len(parents) != 1:
+            return None
+        (node,) = parents
+    if "MapDataset" not in class_names(node) or isinstance(_map_access(node), str):
+        return None  # an IterDataset step of another kind, or a MapDataset with holes
+    rows = len(node)
+    return rows // batch_size if drop else -(-rows // batch_size)
 
 
 def _loader_stream(loader: Any, settings: WrapSettings, why: str) -> Epochs:

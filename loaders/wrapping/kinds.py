@@ -49,18 +49,38 @@ class _Kind:
     # Whether resume="replay" may vouch that it repeats its batches when
     # iterated again: wrap cannot check that for a user's own iterable.
     replayable: bool = False
+    # {option it refuses: the route that does that job}, for its refusal.
+    routes: Mapping[str, str] = dataclasses.field(default_factory=dict)
+
+
+# An HF dataset batches its own rows: a collate_fn belongs to a DataLoader over it.
+_HF_ROUTES = {
+    "collate_fn": (
+        "to batch with your collate_fn, wrap a torch DataLoader over the dataset: "
+        "wrap(DataLoader(hf_dataset, batch_size=B, collate_fn=fn)), renaming its fields "
+        "with transform= if needed; or format each row with hf_dataset.set_transform(fn) "
+        "(with_transform), which wrap applies"
+    )
+}
 
 
 # First match wins. Hugging Face comes before torch: its IterableDataset
 # subclasses torch's when torch is imported; torch's IterableDataset
 # subclasses its Dataset.
 KINDS: tuple[_Kind, ...] = (
-    _Kind("datasets.Dataset", _named("datasets.Dataset"), hf.wrap_table, ("columns",)),
+    _Kind(
+        "datasets.Dataset",
+        _named("datasets.Dataset"),
+        hf.wrap_table,
+        ("columns",),
+        routes=_HF_ROUTES,
+    ),
     _Kind(
         "datasets.IterableDataset",
         _named("datasets.IterableDataset"),
         hf.wrap_iterable_dataset,
         ("columns",),
+        routes=_HF_ROUTES,
     ),
     _Kind("torch.utils.data.DataLoader", _named("torch.DataLoader"), torch.wrap_loader),
     _Kind(

@@ -53,8 +53,15 @@ def flatten(raw: Any, keys: tuple[str, ...] | None) -> Batch:
     elif hasattr(raw, "shape"):
         items = [((keys or DEFAULT_KEYS)[0], raw)]
     else:
+        hint = ""
+        if isinstance(raw, bytes):  # e.g. an ArrayRecord / TFRecord source read raw
+            hint = (
+                ": each item is one serialized record, not a batch; parse and batch the "
+                "records first, e.g. grain.MapDataset.source(records).map(parse).batch(32) "
+                "with parse = tf.train.Example.FromString (or your own decoder), and wrap that"
+            )
         raise TypeError(
-            f"a batch must be a dict, a tuple/list or an array, got {type(raw).__name__}"
+            f"a batch must be a dict, a tuple/list or an array, got {type(raw).__name__}{hint}"
         )
     out: Batch = {}
     for key, value in items:
@@ -136,11 +143,30 @@ def check_numeric(arrays: Mapping[str, np.ndarray], where: str) -> None:
         if dtype.kind in "biufc" or dtype.type.__module__ == "ml_dtypes":  # bfloat16, float8
             continue
         name = dtype.str if dtype.kind in "US" else dtype.name
+        if _encoded(array):
+            raise ValueError(
+                f"{where}: field {key!r} is {name} (encoded bytes, e.g. image files); JAX "
+                f"arrays hold numbers only: decode them with transform= (an image: "
+                f"np.asarray(PIL.Image.open(io.BytesIO(data)))), or pass host_fields=({key!r},) "
+                f"to carry them with the batch as numpy"
+            )
         raise ValueError(
             f"{where}: field {key!r} is {name} ({_NON_NUMERIC.get(dtype.kind, 'not numbers')}); "
             f"JAX arrays hold numbers only: drop it with transform=, tokenize it, or pass "
             f"host_fields=({key!r},) to carry it with the batch as numpy"
         )
+
+
+def _encoded(array: np.ndarray) -> bool:
+    """Whether ``array`` holds encoded bytes: objects that are bytes (a file read
+    whole, a tf.data string tensor) or ``{"bytes": ...}`` (an undecoded
+    ``datasets`` image)."""
+    if array.dtype.kind != "O" or array.size == 0:
+        return False
+    first = array.flat[0]
+    if isinstance(first, Mapping):
+        first = first.get("bytes")
+    return isinstance(first, bytes | bytearray)
 
 
 def _rows_differ(array: np.ndarray) -> bool:

@@ -417,8 +417,9 @@ def wrap(
         )
     unknown = sorted(set(options) - set(kind.options))
     if unknown:
+        routes = "".join(f"; {kind.routes[o]}" for o in unknown if o in kind.routes)
         raise TypeError(
-            f"wrap() for a {kind.name} takes options {list(kind.options)}, got {unknown}"
+            f"wrap() for a {kind.name} takes options {list(kind.options)}, got {unknown}{routes}"
         )
     if process_index is None or process_count is None:
         import jax  # the default share: this JAX process's

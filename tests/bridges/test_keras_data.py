@@ -7,6 +7,7 @@ before Keras is imported, so they run here.
 """
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -101,6 +102,40 @@ def test_batches_are_the_fields_chosen(keras_run):
         "x_only": [images],
         "several": [[images, labels], {"out": labels}, weights],
     }
+
+
+@pytest.mark.slow
+def test_plain_metrics_on_padded_batches_are_warned_about_by_name(keras_run):
+    """Plain `metrics` count the padding rows (issue 30, item 6): the first padded
+    batch a model so compiled reads names them and the fix; weighted ones pass."""
+    said = keras_run["warnings"]
+    assert said["weighted_metrics"] == []
+    assert len(said["metrics"]) == 1, said
+    expected = (
+        r"model '\w+' was compiled with metrics=\['accuracy'\], which Keras computes without "
+        r"sample weights, so the 24 padding rows of this batch count in them .* compile them "
+        r"as weighted_metrics=\['accuracy'\] instead, or pass keras_data\(..., padding='drop'\)"
+    )
+    assert re.search(expected, said["metrics"][0]), said["metrics"][0]
+
+
+@pytest.mark.slow
+def test_epoch_1_trains_as_plain_keras_fit_on_the_tf_data_pipeline(keras_run):
+    """Plain Keras looks at a new model's data through a first iterator of the
+    dataset, so its first epoch trains on tf.data's second shuffle order; keras_data's
+    epoch=1 is that order (issue 30, item 7, docs/keras.md)."""
+    gaps = keras_run["tf_order"]
+    assert gaps["epoch=1"] < 1e-6, gaps
+    assert gaps["epoch=0"] > 1e-5, gaps  # the first order: other batches, other weights
+
+
+@pytest.mark.slow
+def test_a_grain_image_folder_from_keras_needs_no_steps_per_epoch(keras_run):
+    """image_dataset_from_directory(format="grain") is a MapDataset made a
+    batched IterDataset: wrap counts its batches (issue 30, item 8)."""
+    run = keras_run["grain_folder"]
+    assert run["num_batches"] == 3  # 10 images in batches of 4
+    assert run["fit"] == [[0, 0], [0, 1], [0, 2]]
 
 
 @pytest.fixture(scope="module")

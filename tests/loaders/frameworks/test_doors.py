@@ -18,6 +18,7 @@ import pytest
 from jaxfeed.loaders.frameworks import grain as grain_door
 from jaxfeed.loaders.frameworks import hf as hf_door
 from jaxfeed.loaders.frameworks import jax as jax_door
+from jaxfeed.loaders.frameworks import keras as keras_door
 from jaxfeed.loaders.frameworks import multiprocessing as multiprocessing_door
 from jaxfeed.loaders.frameworks import numpy as numpy_door
 from jaxfeed.loaders.frameworks import tf as tf_door
@@ -417,3 +418,20 @@ def test_jax_distributed_state():
         f"jax._src.distributed.global_state is {state!r}, without those fields",
     )
     expect(state.client is None, "jax", "jax", "a process that joined no job has a client")
+
+
+# --- Keras ---------------------------------------------------------------------------------
+
+
+def test_keras_compiled_metrics():
+    import keras  # any backend: what compile keeps is the same
+
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    model.compile(loss="mse", metrics=["accuracy"], weighted_metrics=["mae"])
+    metrics = read("keras", "keras", keras_door.compiled_metrics, model)
+    expect(
+        metrics == (["accuracy"], ["mae"]),
+        "keras",
+        "keras",
+        f"a compiled model's _compile_config.config gives {metrics!r}",
+    )

@@ -103,7 +103,7 @@ KINDS = {
     "tf-batched": (_tf, 4, None),
     "tf-unbatched": (_tf_unbatched, 4, 3),
     "grain-map": (_grain_map, 4, 3),
-    "grain-iter": (_grain_iter, None, None),
+    "grain-iter": (_grain_iter, 4, 3),  # a MapDataset's rows, batched: counted
     "grain-loader": (_grain_loader, 4, 3),
     "hf-dataset": (_hf_table, 4, 3),
     "hf-iterable": (_hf_stream, None, None),
