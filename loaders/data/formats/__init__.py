@@ -49,8 +49,6 @@ def _entry(found: Found, split: str) -> Path:
         stat = os.stat(path)
         where = (str(path.resolve()), stat.st_ino, stat.st_dev)
         digest.update(repr((*where, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns)).encode())
-            ).encode()  # fmt: skip
-        )
     slug = re.sub(r"[^a-z0-9]+", "-", f"{found.name}-{split}".lower()).strip("-")[-40:]
     return cache_root() / "formats" / f"{slug}-{LAYOUT_VERSION}-{digest.hexdigest()[:16]}"
 
