@@ -50,3 +50,11 @@ def decode_png_size(record: dict, rng: np.random.Generator) -> dict:
     from PIL import Image
 
     return {"side": np.int32(Image.open(io.BytesIO(record["png"])).size[0])}
+
+
+def augment_image(record: dict, rng: np.random.Generator) -> dict:
+    """The digits-png augmentation of a record read from files (an ``image``
+    field of PNG bytes, a ``label``), plus two random numbers."""
+    out = augment({"png": record["image"], "label": record["label"]}, rng)
+    out["noise"] = rng.standard_normal(2).astype(np.float32)
+    return out

@@ -44,7 +44,7 @@ def load_files(found: Found, split: str) -> ArrayDataset:
 
 
 def _entry(found: Found, split: str) -> Path:
-    digest = hashlib.sha1(repr((found.format, found.record_format, split)).encode())
+    digest = hashlib.sha1(repr((found.format, found.record_format, found.classes, split)).encode())
     for path in _content_files(found):
         stat = os.stat(path)
         where = (str(path.resolve()), stat.st_ino, stat.st_dev)
@@ -59,8 +59,9 @@ def _content_files(found: Found) -> Iterator[Path]:
         return
     for directory in found.files:
         for name in found.classes:
-            yield directory / name
-            yield from sorted(p for p in (directory / name).rglob("*") if p.is_file())
+            if (directory / name).is_dir():
+                yield directory / name
+                yield from sorted(p for p in (directory / name).rglob("*") if p.is_file())
 
 
 def _write(found: Found, scratch: Path) -> None:
@@ -76,7 +77,7 @@ def _write(found: Found, scratch: Path) -> None:
 def _batches(found: Found) -> Iterator[dict]:
     kind = found.record_format or found.format
     if found.format == "imagefolder":
-        return imagefolder.folder_batches(found.files[0])
+        return imagefolder.folder_batches(found.files[0], list(found.classes))
     if kind in ("parquet", "arrow"):
         return itertools.chain.from_iterable(tables.table_batches(p, kind) for p in found.files)
     readers = {

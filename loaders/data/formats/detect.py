@@ -116,7 +116,10 @@ def _in_directory(directory: Path, split: str, splits: Sequence[str], format: st
         if laid_out:
             if split not in laid_out:
                 raise _missing(directory, split, laid_out, "image folders")
-            return _folder(directory / split, name)
+            # Labels from the classes of all splits: a class missing from one
+            # split must not shift the others' labels there.
+            classes = {c for s in laid_out for c in imagefolder.folder_classes(directory / s)}
+            return Found("imagefolder", (directory / split,), name, classes=tuple(sorted(classes)))
         if _image_folder(directory):
             if split != splits[0]:
                 raise _one_split(directory, split, splits[0], "image folder")

@@ -40,15 +40,18 @@ def folder_classes(directory: Path) -> list[str]:
     return sorted(p.name for p in directory.iterdir() if p.is_dir() and not p.name.startswith("."))
 
 
-def folder_batches(directory: Path) -> Iterator[dict]:
-    """Batches of ``{"image": [bytes], "label": int32}``, class by class.
+def folder_batches(directory: Path, classes: list[str]) -> Iterator[dict]:
+    """Batches of ``{"image": [bytes], "label": int32}``, class by class;
+    a class this split has no subdirectory for is skipped.
 
     Raises:
       ValueError: a class subdirectory without images (named).
     """
     pending: list[bytes] = []
     labels: list[int] = []
-    for label, name in enumerate(folder_classes(directory)):
+    for label, name in enumerate(classes):
+        if not (directory / name).is_dir():
+            continue
         files = _images(directory / name)
         if not files:
             raise ValueError(
