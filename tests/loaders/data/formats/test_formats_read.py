@@ -2,6 +2,7 @@
 same records and reads back the same fields, in the same order; splits,
 ``format=``, refusals and errors name what they found."""
 
+import pickle
 from pathlib import Path
 
 import numpy as np
@@ -37,6 +38,8 @@ def test_every_format_reads_the_records_in_order(written, want, name, split):
     assert ds["label"].dtype == np.int32
     if name in ("imagefolder", "hf"):
         assert ds.classes == CLASSES
+    # Memory-mapped: into a worker goes where the bytes lie, not the bytes.
+    assert len(pickle.dumps(ds["image"])) < ds["image"].data.nbytes // 10
 
 
 def test_formats_holding_the_same_records_give_the_same_batches(written):
