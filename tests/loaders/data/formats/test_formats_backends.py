@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 from backend_helpers import assert_same_batches
 from format_files import write_all
-from jaxfeed import loaders
 from transform_helpers import augment_image
+
+from jaxfeed import loaders
 
 BACKENDS = ("numpy", "torch", "tf", "grain", "hf")
 
