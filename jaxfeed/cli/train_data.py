@@ -70,6 +70,8 @@ def image_transform(dataset: Any, data_dir: Any, resize: bool) -> Any:
     brings its own transform."""
     from jaxfeed import loaders
 
+    if dataset in loaders.DATASETS:  # named: arrays, or with their own transform
+        return None
     data = loaders.load_dataset(dataset, "train", data_dir=data_dir)
     if data.transform is not None or "image" not in data.bytes_fields():
         return None
