@@ -107,6 +107,7 @@ def _in_directory(directory: Path, split: str, splits: Sequence[str], format: st
     name = directory.resolve().name
     if format in (None, "tfds") and prepared.is_tfds_directory(directory):
         record_format, files, classes = prepared.tfds_split(directory, split)
+        name = files[0].parent.parent.name  # <name>/<version>/: the dataset's name
         return Found("tfds", tuple(files), name, record_format, tuple(classes))
     if format in (None, "hf") and prepared.is_hf_directory(directory):
         files, classes = prepared.hf_split(directory, split)

@@ -144,3 +144,19 @@ def test_an_unknown_directory_names_the_formats_and_what_it_holds(tmp_path):
     (tmp_path / "notes.txt").write_text("hello")
     with pytest.raises(FileNotFoundError, match=r"holds no dataset.*TFRecord.*Parquet.*notes\.txt"):
         loaders.make("numpy", dataset=tmp_path)
+
+
+@pytest.mark.parametrize("file_format", ["tfrecord", "array_record"])
+def test_a_prepared_tfds_directory(want, file_format):
+    from jaxfeed.loaders.backends.tfds_store import store  # tfds's own writer, offline
+
+    png, labels = want["train"]
+    prepared = store(
+        loaders.ArrayDataset("pets/train", {"image": png, "label": labels}), file_format
+    )
+    ds = loaders.load_dataset(prepared.parent)  # <name>/: its newest version
+    assert ds.name == f"{prepared.parent.name}/train"
+    assert list(ds["image"][np.arange(len(ds))]) == png
+    np.testing.assert_array_equal(ds["label"], labels)
+    with pytest.raises(MissingSplitError, match=r"has no 'test' split: its TFDS splits are"):
+        loaders.load_dataset(prepared, "test")
