@@ -86,7 +86,8 @@ def load_dataset(
         return ArrayDataset("arrays", name)
     if isinstance(name, os.PathLike):
         name = os.fspath(name)
-    if isinstance(name, list | tuple) or format is not None:
+    files = isinstance(name, list | tuple) and all(isinstance(p, str | os.PathLike) for p in name)
+    if files or (format is not None and isinstance(name, str)):
         return formats.load(name, split, SPLITS, format)
     if not isinstance(name, str):
         raise TypeError(
