@@ -12,7 +12,7 @@ from pathlib import Path
 
 from jaxfeed.loaders.data.formats.example import Record, parse_example
 
-__all__ = ["RAW_FIELD", "arrayrecord_records", "holds_examples"]
+__all__ = ["RAW_FIELD", "arrayrecord_records", "holds_examples", "raw_batches"]
 
 RAW_FIELD = "record"
 _CHUNK = 1024  # records per read: bounded memory, few calls
