@@ -60,6 +60,10 @@ class ArrayDataset(Mapping[str, np.ndarray]):
       (10, ['x', 'y'], dtype('int32'))
     """
 
+    classes: tuple[str, ...] = ()
+    """The class names of a labelled dataset read from files (an image folder's
+    subdirectories, a TFDS or HF ``ClassLabel``), by label; () when unknown."""
+
     def __init__(self, name: str, arrays: Mapping[str, np.ndarray], transform: Any = None):
         if not isinstance(arrays, Mapping):
             raise TypeError(

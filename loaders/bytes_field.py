@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
+from jaxfeed.loaders.workers.mapped_files import for_pickle, from_pickle
 
 __all__ = ["BytesField"]
 
@@ -95,9 +96,19 @@ class BytesField:
             out[i] = data[start:stop].tobytes()
         return out
 
+    def __reduce__(self):
+        """A field memory-mapped from files travels into workers as where it
+        lies, not as all its bytes (`for_pickle`)."""
+        return _unpickle, (for_pickle({"offsets": self.offsets, "data": self.data}),)
+
     def content(self) -> tuple[np.ndarray, np.ndarray]:
         """The two arrays that define the field (what a cache key hashes)."""
         return self.offsets, self.data
 
     def __repr__(self) -> str:
         return f"BytesField({len(self)} rows, {len(self.data)} bytes)"
+
+
+def _unpickle(arrays: dict[str, object]) -> BytesField:
+    arrays = from_pickle(arrays)
+    return BytesField(arrays["offsets"], arrays["data"])

@@ -66,3 +66,11 @@ def torch_augment(record: dict, rng: np.random.Generator) -> dict:
         image = image.flip(1)
     image = image + 0.1 * torch.randn(image.shape, generator=g)
     return {"image": image.numpy(), "row": record["row"], "after": np.float32(rng.random())}
+
+
+def augment_image(record: dict, rng: np.random.Generator) -> dict:
+    """The digits-png augmentation of a record read from files (an ``image``
+    field of PNG bytes, a ``label``), plus two random numbers."""
+    out = augment({"png": record["image"], "label": record["label"]}, rng)
+    out["noise"] = rng.standard_normal(2).astype(np.float32)
+    return out

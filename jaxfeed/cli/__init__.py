@@ -22,6 +22,7 @@ from typing import Any
 from jaxfeed.cli.args import HELP_FORMAT, one_line
 from jaxfeed.cli.backends import add_backends, run_backends
 from jaxfeed.cli.compare import add_compare, run_compare
+from jaxfeed.cli.convert import add_convert, run_convert
 from jaxfeed.cli.train import add_train, run_train
 from jaxfeed.training.interrupts import PREEMPTED_STATUS, Preempted
 
@@ -41,6 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_train(commands)
     add_backends(commands)
     add_compare(commands)
+    add_convert(commands)
     return parser
 
 
@@ -109,6 +111,8 @@ def _run(args: argparse.Namespace, argv: list[str] | None) -> int:
         return run_train(args)
     if args.command == "compare":
         return run_compare(args, ["jaxfeed", *(sys.argv[1:] if argv is None else argv)])
+    if args.command == "convert":
+        return run_convert(args)
     return run_backends()
 
 

@@ -15,7 +15,8 @@ HELP_FORMAT = argparse.ArgumentDefaultsHelpFormatter
 
 DATASET_HELP = (
     "mnist, mnist-sample (offline), mnist-10k, digits-png (encoded and augmented: see "
-    "docs/data.md), a directory of .npy files, or a directory of IDX files"
+    "docs/data.md), a directory of .npy files, a directory of IDX files, or your files: "
+    "TFRecord, ArrayRecord, Parquet or Arrow shards, an image folder, a TFDS or HF directory"
 )
 
 DATA_DIR_HELP = "directory with the MNIST IDX files; None: $JAXFEED_DATA_DIR, then the cache"

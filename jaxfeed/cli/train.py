@@ -28,7 +28,13 @@ from jaxfeed.cli.args import (
     set_devices,
     subcommand,
 )
-from jaxfeed.cli.train_data import check_fields_and_classes, data_record, dataset_used, is_named
+from jaxfeed.cli.train_data import (
+    check_fields_and_classes,
+    data_record,
+    dataset_used,
+    image_transform,
+    is_named,
+)
 from jaxfeed.mnist.train import TrainConfig  # already imported with the jaxfeed package
 
 FLOAT_IMAGE_LEARNING_RATE = 0.01
@@ -39,6 +45,12 @@ def add_train(commands: argparse._SubParsersAction) -> None:
     train.add_argument("--loader", default="numpy", help="backend name (see `jaxfeed backends`)")
     train.add_argument("--dataset", default="mnist-sample", help=DATASET_HELP)
     train.add_argument("--data-dir", default=None, help=DATA_DIR_HELP)
+    train.add_argument(
+        "--resize",
+        action="store_true",
+        help="resize encoded images (an image folder, TFRecord shards, ...) to the MLP's "
+        "28x28 grayscale; without it another size is refused",
+    )
     defaults = TrainConfig()
     train.add_argument("--epochs", type=positive, default=defaults.epochs, help="epochs to train")
     train.add_argument("--batch-size", type=positive, default=128, help="per-process batch size")
@@ -315,6 +327,7 @@ def run_train(args: argparse.Namespace) -> int:
             seed=args.seed,
             process_index=jax.process_index(),
             process_count=processes,
+            transform=image_transform(args.dataset, args.data_dir, args.resize),
             **dict(args.loader_option),
         )
         train_source = loaders.make(

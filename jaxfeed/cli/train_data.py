@@ -3,8 +3,14 @@ the fields and classes the example MLP needs, checked before the first step."""
 
 from __future__ import annotations
 
+import functools
+import io
 from pathlib import Path
 from typing import Any
+
+import numpy as np
+
+IMAGE_SIDE = 28  # the example MLP's input: 28x28 grayscale (784 values)
 
 
 def is_named(requested: str) -> bool:
@@ -77,3 +83,42 @@ def check_fields_and_classes(dataset: str, sources: dict[str, Any]) -> None:
                 f"MLP has {classes} classes (labels 0..{classes - 1}); map the labels into "
                 "that range, or train your own model with jaxfeed.fit"
             )
+
+
+def image_transform(dataset: Any, data_dir: Any, resize: bool) -> Any:
+    """The transform that turns a dataset's encoded ``image`` bytes (an image
+    folder, TFRecord shards of Examples, ...) into what the example MLP
+    takes, uint8 ``[28, 28, 1]``; None for a dataset of arrays or one that
+    brings its own transform."""
+    from jaxfeed import loaders
+
+    if dataset in loaders.DATASETS:  # named: arrays, or with their own transform
+        return None
+    data = loaders.load_dataset(dataset, "train", data_dir=data_dir)
+    if data.transform is not None or "image" not in data.bytes_fields():
+        return None
+    return functools.partial(decode_for_mlp, resize=resize)
+
+
+def decode_for_mlp(record: dict, rng: np.random.Generator, resize: bool) -> dict:
+    """An encoded image decoded to grayscale ``IMAGE_SIDE`` squared with
+    Pillow (resized only when asked: a silent resize would hide a wrong dataset).
+
+    Raises:
+      ValueError: the image is of another size and ``resize`` is off; the
+        message names the size and the option that fixes it.
+    """
+    from PIL import Image
+
+    image = Image.open(io.BytesIO(record["image"])).convert("L")
+    if image.size != (IMAGE_SIDE, IMAGE_SIDE):
+        if not resize:
+            width, height = image.size
+            raise ValueError(
+                f"the image is {width}x{height}, but jaxfeed train's MLP takes "
+                f"{IMAGE_SIDE}x{IMAGE_SIDE} grayscale images; pass --resize to resize them "
+                "(bilinear), or train your own model with jaxfeed.fit"
+            )
+        image = image.resize((IMAGE_SIDE, IMAGE_SIDE), Image.BILINEAR)
+    pixels = np.asarray(image, np.uint8)[:, :, None]
+    return {"image": pixels, "label": np.int32(record["label"])}

@@ -152,6 +152,7 @@ def make(
     block_rows: int | None = None,
     window_blocks: int | None = None,
     transform: RecordFn | None = None,
+    format: str | None = None,
     **backend_options: Any,
 ) -> BatchSource:
     """A `BatchSource` reading ``dataset``/``split`` through ``backend``.
@@ -164,8 +165,10 @@ def make(
     Args:
       backend: a name from ``available()``.
       dataset: your data (a dict of numpy arrays sharing a row axis, or an
-        `ArrayDataset`), ``"mnist"``, ``"mnist-sample"``, ``"mnist-10k"`` or
-        an IDX directory (see `load_dataset`).
+        `ArrayDataset`), ``"mnist"``, ``"mnist-sample"``, ``"mnist-10k"``, an
+        IDX directory, or your files: a directory, glob or list of TFRecord,
+        ArrayRecord, Parquet or Arrow files, an image folder, a prepared TFDS
+        or Hugging Face directory (see `load_dataset`).
       split: ``"train"`` or ``"test"`` (for names and directories).
       batch_size: process-local batch size.
       seed: with the epoch number, defines the order.
@@ -189,6 +192,9 @@ def make(
         its framework runs per-record work, in ``num_workers`` processes
         (tf: parallel ``map`` calls); see docs/data.md. Needed by a dataset
         with an encoded bytes field.
+      format: what the files hold (``"tfrecord"``, ``"arrayrecord"``,
+        ``"parquet"``, ``"arrow"``, ``"imagefolder"``, ``"tfds"``, ``"hf"``);
+        None: detected from the files.
       **backend_options: passed to the backend (e.g. ``num_workers``).
 
     Returns:
@@ -218,7 +224,7 @@ def make(
     # Before the dataset loads (which may download): bad numbers fail at once.
     check_batch_size(batch_size)
     check_seed(seed)
-    data = load_dataset(dataset, split, data_dir=data_dir)
+    data = load_dataset(dataset, split, data_dir=data_dir, format=format)
     if shuffle == "blocks" and block_rows is None:
         block_rows = default_block_rows(sum(a[:1].nbytes for a in data.arrays.values()))
     try:

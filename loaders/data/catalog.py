@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import glob
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
 from jaxfeed.loaders.array_dataset import ArrayDataset
+from jaxfeed.loaders.data import formats
 from jaxfeed.loaders.data import named as mnist_datasets
 from jaxfeed.loaders.data.encoded import digits_png
 from jaxfeed.loaders.data.on_disk import load_npy_directory, npy_directory
@@ -18,12 +20,17 @@ SPLITS: tuple[str, ...] = ("train", "test")
 _NAMED = {**mnist_datasets.LOADERS, "digits-png": digits_png}
 DATASETS: tuple[str, ...] = tuple(_NAMED)
 
-DatasetLike = str | os.PathLike | ArrayDataset | Mapping[str, np.ndarray]
-"""What ``make(dataset=...)`` takes: a name, a directory (``.npy`` or IDX files), or your data."""
+DatasetLike = (
+    str | os.PathLike | Sequence[str | os.PathLike] | ArrayDataset | Mapping[str, np.ndarray]
+)
+"""What ``make(dataset=...)`` takes: a name, a directory, a glob or files, or your data."""
 
 
 def load_dataset(
-    name: DatasetLike, split: str = "train", data_dir: str | os.PathLike | None = None
+    name: DatasetLike,
+    split: str = "train",
+    data_dir: str | os.PathLike | None = None,
+    format: str | None = None,
 ) -> ArrayDataset:
     """One split of a dataset, in memory or memory-mapped from disk.
 
@@ -43,7 +50,10 @@ def load_dataset(
         real test digits: first 80% (8,000) train / last 20% test),
         ``"digits-png"`` (those digits PNG-encoded, with a per-record
         augmentation; see `jaxfeed.loaders.data.encoded`), or a directory
-        of IDX files (optionally written ``"idx:DIR"``).
+        of IDX files (optionally written ``"idx:DIR"``). Or your files: a
+        directory, a glob or a list of TFRecord, ArrayRecord, Parquet or
+        Arrow files, an image folder, a prepared TFDS or Hugging Face
+        directory (`jaxfeed.loaders.data.formats`; see docs/data.md).
       split: ``"train"`` or ``"test"`` (for names and directories).
       data_dir: directory with the MNIST IDX files for ``mnist`` /
         ``mnist-10k``; default ``$JAXFEED_DATA_DIR``, then the cache.
@@ -57,7 +67,9 @@ def load_dataset(
         ``.npy`` directory does not hold (one without split subdirectories
         is the train split only).
       TypeError: not a name, path, `ArrayDataset` or dict of arrays.
-      FileNotFoundError: a needed IDX file is missing from the directory.
+      FileNotFoundError: a needed IDX file is missing from the directory, or
+        a directory holds no data jaxfeed reads (the message names the
+        formats looked for and what it found).
       MnistUnavailableError: never for ``"mnist"`` (it falls back); may come
         from ``"mnist-10k"`` when offline with no data dir.
 
@@ -74,6 +86,9 @@ def load_dataset(
         return ArrayDataset("arrays", name)
     if isinstance(name, os.PathLike):
         name = os.fspath(name)
+    files = isinstance(name, list | tuple) and all(isinstance(p, str | os.PathLike) for p in name)
+    if files or (format is not None and isinstance(name, str)):
+        return formats.load(name, split, SPLITS, format)
     if not isinstance(name, str):
         raise TypeError(
             f"dataset must be a name, a path, an ArrayDataset or a dict of arrays, got "
@@ -85,6 +100,13 @@ def load_dataset(
     arrays = None if name.startswith("idx:") else npy_directory(directory, split, SPLITS)
     if arrays is not None:
         return ArrayDataset(f"{arrays.resolve().name}/{split}", load_npy_directory(arrays))
+    if not name.startswith("idx:") and not _has_idx_files(directory):
+        if directory.is_dir() and (found := formats.load(directory, split, SPLITS)) is not None:
+            return found
+        if directory.is_dir():
+            raise formats.unknown_directory(directory)
+        if directory.is_file() or glob.has_magic(name):
+            return formats.load(name, split, SPLITS)
     if name.startswith("idx:") or directory.is_dir():
         if not directory.is_dir():
             raise FileNotFoundError(
@@ -94,6 +116,12 @@ def load_dataset(
         return mnist_datasets.idx_directory(directory, split)
     raise ValueError(
         f"unknown dataset {name!r}, expected one of {list(DATASETS)}, a directory of "
-        "<field>.npy files, a directory of IDX files (e.g. 'idx:/path/to/mnist'), an "
+        "<field>.npy files, a directory, glob or files of a format jaxfeed reads "
+        f"{list(formats.FORMATS)}, a directory of IDX files (e.g. 'idx:/path/to/mnist'), an "
         "ArrayDataset or a dict of arrays"
     )
+
+
+def _has_idx_files(directory: Path) -> bool:
+    """Whether a directory holds MNIST-style IDX files (then it is read as one)."""
+    return directory.is_dir() and any("-ubyte" in p.name for p in directory.iterdir())

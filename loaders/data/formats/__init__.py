@@ -1,0 +1,105 @@
+"""The user's files through ``make``: TFRecord, ArrayRecord, Parquet, Arrow IPC,
+image folders, prepared TFDS and Hugging Face directories.
+
+Each split is streamed once from its files, in sorted name order, into a
+columnar copy in jaxfeed's cache (`jaxfeed.loaders.data.formats.columns`),
+keyed by every file's path, size, modification and change times and inode,
+so a file changed on disk is never served stale. The copy is memory-mapped:
+every backend reads it in the shared sampler's order, as any on-disk field.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import os
+import re
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+from jaxfeed.loaders.array_dataset import ArrayDataset
+from jaxfeed.loaders.data.cache import build_once, cache_root
+from jaxfeed.loaders.data.formats import arrayrecord, columns, imagefolder, tables, tfrecord
+from jaxfeed.loaders.data.formats.detect import FORMATS, Found, locate, unknown_directory
+from jaxfeed.loaders.data.formats.example import example_batches
+
+__all__ = ["FORMATS", "load", "load_files", "locate", "unknown_directory"]
+
+LAYOUT_VERSION = "v1"  # of the columnar copy: bumping it stops old copies from being reused
+
+
+def load_files(found: Found, split: str) -> ArrayDataset:
+    """One split of ``found`` (`locate`'s answer) as memory-mapped fields,
+    built into the cache on first use.
+
+    Raises:
+      ValueError: a record or column jaxfeed cannot read (named with its file
+        and index).
+    """
+    entry = build_once(_entry(found, split), lambda scratch: _write(found, scratch))
+    fields, description = columns.open_columns(entry)
+    dataset = ArrayDataset(f"{found.name}/{split}", fields)
+    dataset.classes = tuple(description.get("classes", ()))
+    return dataset
+
+
+def _entry(found: Found, split: str) -> Path:
+    digest = hashlib.sha1(repr((found.format, found.record_format, found.classes, split)).encode())
+    for path in _content_files(found):
+        stat = os.stat(path)
+        where = (str(path.resolve()), stat.st_ino, stat.st_dev)
+        digest.update(repr((*where, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns)).encode())
+    slug = re.sub(r"[^a-z0-9]+", "-", f"{found.name}-{split}".lower()).strip("-")[-40:]
+    return cache_root() / "formats" / f"{slug}-{LAYOUT_VERSION}-{digest.hexdigest()[:16]}"
+
+
+def _content_files(found: Found) -> Iterator[Path]:
+    if found.format != "imagefolder":
+        yield from found.files
+        return
+    for directory in found.files:
+        for name in found.classes:
+            if (directory / name).is_dir():
+                yield directory / name
+                yield from sorted(p for p in (directory / name).rglob("*") if p.is_file())
+
+
+def _write(found: Found, scratch: Path) -> None:
+    files = ", ".join(str(p) for p in found.files[:4]) + (", ..." if len(found.files) > 4 else "")
+    columns.write_columns(
+        scratch,
+        _batches(found),
+        lambda row: f"{found.name}: row {row} (counting through {files} in order)",
+        classes=list(found.classes),
+    )
+
+
+def _batches(found: Found) -> Iterator[dict]:
+    kind = found.record_format or found.format
+    if found.format == "imagefolder":
+        return imagefolder.folder_batches(found.files[0], list(found.classes))
+    if kind in ("parquet", "arrow"):
+        return itertools.chain.from_iterable(tables.table_batches(p, kind) for p in found.files)
+    readers = {
+        "tfrecord": tfrecord.tfrecord_records,
+        "arrayrecord": arrayrecord.arrayrecord_records,
+    }
+    records = itertools.chain.from_iterable(readers[kind](p) for p in found.files)
+    first = next(records, None)
+    if first is None:
+        raise ValueError(f"{', '.join(map(str, found.files))} hold no records")
+    records = itertools.chain([first], records)
+    if kind == "arrayrecord" and not arrayrecord.holds_examples(first[2]):
+        return arrayrecord.raw_batches(records)
+    return example_batches(records)
+
+
+def load(
+    target: str | os.PathLike | Sequence[str | os.PathLike],
+    split: str,
+    splits: Sequence[str],
+    format: str | None = None,
+) -> ArrayDataset | None:
+    """`locate` then `load_files`; None for a directory of no known format."""
+    found = locate(target, split, splits, format)
+    return None if found is None else load_files(found, split)
