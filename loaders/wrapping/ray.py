@@ -26,7 +26,7 @@ from jaxfeed.loaders.wrapping.streams import (
 )
 
 # A random step's name in the logical plan -> the call that made it.
-_CALLS = {"RandomShuffle": "random_shuffle", "RandomizeBlocks": "randomize_block_order"}
+_CALLS = {"RandomShuffle": "random_shuffle", "RandomizeBlockOrder": "randomize_block_order"}
 
 
 def wrap_dataset(dataset: Any, settings: WrapSettings, **_: Any) -> Epochs:
