@@ -15,6 +15,7 @@ import os
 import signal
 import sys
 import threading
+import warnings
 from typing import Any
 
 __all__ = ["connect", "started_here"]
@@ -62,7 +63,11 @@ def connect(address: str | None, num_cpus: int | None, debug: bool = False) -> A
     # (jaxfeed's run stops at a step and saves) must keep its job.
     main = threading.current_thread() is threading.main_thread()
     previous = signal.getsignal(signal.SIGTERM) if main else None
-    ray.init(**options)
+    with warnings.catch_warnings():
+        # Ray starts its processes by fork + exec; JAX's warning about forking a
+        # multithreaded process is for children that go on running Python.
+        warnings.filterwarnings("ignore", r"os\.fork\(\) was called", RuntimeWarning)
+        ray.init(**options)
     if main and previous not in (signal.SIG_DFL, signal.SIG_IGN, None):
         signal.signal(signal.SIGTERM, previous)
     _quiet_progress(ray, debug)
