@@ -6,15 +6,18 @@ quick tier runs none of it.
 """
 
 import functools
+import hashlib
+import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
-from backend_helpers import assert_same_batches, indexed_dataset
+from backend_helpers import assert_same_batches, free_port, indexed_dataset
 from jaxfeed.loaders import TransformError
 from ray_helpers import (
     dies_on_row_20,
@@ -34,12 +37,14 @@ TIMEOUT_SECONDS = 120
 
 @pytest.fixture(scope="module")
 def cluster():
-    """Two simulated nodes of 1 CPU each; make("ray") runs its tasks on them."""
+    """Two simulated nodes of 2 CPUs each; make("ray") runs its tasks on them.
+    (Two CPUs a node: the two-process job's drivers each keep their own workers,
+    which Ray would otherwise stop and start in turn.)"""
     import ray
     from ray.cluster_utils import Cluster
 
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
-    cluster.add_node(num_cpus=1)
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2})
+    cluster.add_node(num_cpus=2)
     ray.init(
         address=cluster.address,
         logging_level="ERROR",
@@ -147,6 +152,45 @@ def test_a_transform_error_names_its_row(cluster):
     source = loaders.make("ray", dataset=data, batch_size=8, shuffle=False, transform=fail_on_row_7)
     with pytest.raises(TransformError, match=r"row 7 \(epoch 0\): KeyError"):
         list(source.iter_epoch(0))
+
+
+WORKER = Path(__file__).resolve().parents[2] / "multihost_worker.py"
+
+
+def test_a_two_process_jax_job_on_one_cluster_equals_one_process(cluster, tmp_path):
+    # Each process joins the module's cluster (RAY_ADDRESS), submits its slice of
+    # every global batch, and checks each placed global batch against one process's.
+    coordinator = f"127.0.0.1:{free_port()}"
+    env = {**os.environ, "PYTHONPATH": str(WORKER.parents[1]), "RAY_ADDRESS": cluster.address}
+    logs = [tmp_path / f"process{i}.log" for i in range(2)]
+    children = []
+    try:
+        for i, log in enumerate(logs):
+            with log.open("w") as out:  # a file, not a pipe: a full pipe would block a child
+                args = [coordinator, "2", str(i), str(tmp_path), "ray", "check-only"]
+                children.append(
+                    subprocess.Popen(
+                        [sys.executable, str(WORKER), *args],
+                        env=env,
+                        stdout=out,
+                        stderr=subprocess.STDOUT,
+                    )
+                )
+        for child in children:
+            child.wait(TIMEOUT_SECONDS)
+    finally:
+        for child in children:
+            if child.poll() is None:
+                child.kill()
+                child.wait()
+    for i, child in enumerate(children):
+        assert child.returncode == 0, f"process {i} failed:\n{logs[i].read_text()[-4000:]}"
+    results = [json.loads((tmp_path / f"process{i}.json").read_text()) for i in range(2)]
+    per_process = [r["backends"]["ray"] for r in results]
+    assert all(p["identical_to_single_process"] for p in per_process)
+    seen = sorted(d for p in per_process for d in p["seen"])
+    test = loaders.load_dataset("mnist-sample", "test")
+    assert seen == sorted(hashlib.sha1(image.tobytes()).hexdigest() for image in test["image"])
 
 
 _STARTS_AN_INSTANCE = """
