@@ -222,7 +222,7 @@ def feed(args) -> list[dict]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--part", choices=("all", "decode", "scaling", "feed"), default="all")
-    parser.add_argument("--data-dir", default=str(SHARED_MNIST))
+    parser.add_argument("--data-dir", default=str(SHARED_MNIST), help="MNIST IDX files (mnist-10k)")
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--scaling-rows", type=int, default=512)
     parser.add_argument("--tag", default="cpu")

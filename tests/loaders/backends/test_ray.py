@@ -130,7 +130,10 @@ def test_a_killed_worker_costs_time_not_data(cluster, tmp_path):
     assert_same_batches(got, list(numpy_source.iter_epoch(1)))
 
 
-def test_a_task_ray_gives_up_on_is_one_error_naming_its_rows(cluster):
+def test_a_task_ray_gives_up_on_is_one_error_naming_its_rows(cluster, monkeypatch):
+    from jaxfeed.loaders.backends import ray as ray_backend
+
+    monkeypatch.setattr(ray_backend, "MAX_RETRIES", 0)  # one worker death, not four
     source = loaders.make(
         "ray",
         dataset=indexed_dataset(64),
@@ -203,8 +206,8 @@ threading.Event().wait()
 """
 
 
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
-def test_no_ray_process_outlives_a_stopped_run(signum):
+def test_no_ray_process_outlives_a_sigterm():
+    # (Ctrl-C takes the same way out, through exit and atexit; one start is enough.)
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     child = subprocess.Popen(
         [sys.executable, "-c", _STARTS_AN_INSTANCE],
@@ -217,7 +220,7 @@ def test_no_ray_process_outlives_a_stopped_run(signum):
         assert child.stdout.readline() == "ready\n"  # the local instance runs
         started = ray_processes(child.pid)
         assert any("raylet" in " ".join(p.cmdline()) for p in started)
-        child.send_signal(signum)
+        child.send_signal(signal.SIGTERM)
         child.wait(TIMEOUT_SECONDS)
         import psutil
 
