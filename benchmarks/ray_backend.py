@@ -24,6 +24,7 @@ loaded when the machine is shared).
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import time
 
@@ -54,6 +55,9 @@ def _init(ray, **options) -> None:
 
 
 def decode(args) -> list[dict]:
+    import statistics
+    import sys
+
     import ray
     from jaxfeed.loaders.data.catalog import load_dataset
     from jaxfeed.loaders.data.encoded import augment
@@ -62,55 +66,45 @@ def decode(args) -> list[dict]:
     name = "digits-png" if data_dir else "mnist-sample"
     data = load_dataset("digits-png", "train", data_dir=data_dir)
     common = dict(dataset=data, batch_size=args.batch_size, seed=0, transform=augment)
+    env = {"env_vars": {"PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}}
     out = []
     for k in (1, 2):
-        pool = loaders.make("numpy", num_workers=k, **common)
-        _epoch_rate(pool, 0)  # workers started, pages warm
-        out.append(
-            {
-                "part": "decode",
-                "row": "numpy record pool",
-                "workers": k,
-                "rows_per_s": _epoch_rate(pool, 1),
-            }
-        )
-        pool.close()
-        _init(
-            ray,
-            num_cpus=k,
-            runtime_env={
-                "env_vars": {"PYTHONPATH": os.pathsep.join(p for p in __import__("sys").path if p)}
-            },
-        )
-        source = loaders.make("ray", **common)
-        _epoch_rate(source, 0)
-        out.append(
-            {
-                "part": "decode",
-                "row": "make('ray')",
-                "workers": k,
-                "rows_per_s": _epoch_rate(source, 1),
-            }
-        )
-        out.append(
-            {
-                "part": "decode",
-                "row": "ray.data map_batches + iter_batches",
-                "workers": k,
-                "rows_per_s": _ray_data_idiom(ray, data, args.batch_size),
-            }
-        )
-        source.close()
+        _init(ray, num_cpus=k, runtime_env=env)
+        rows = {
+            "numpy record pool": loaders.make("numpy", num_workers=k, **common),
+            "make('ray')": loaders.make("ray", **common),
+        }
+        runs = {
+            **{row: functools.partial(_epoch_rate, source) for row, source in rows.items()},
+            "ray.data map_batches + iter_batches": _ray_data_idiom(ray, data, args.batch_size),
+        }
+        rates: dict[str, list[float]] = {row: [] for row in runs}
+        for repeat in range(1 + args.repeats):  # interleaved: a slow spell hits every row
+            for row, run in runs.items():
+                rate = run(repeat)
+                if repeat:  # the first pass starts the workers
+                    rates[row].append(rate)
+        for row, values in rates.items():
+            median = statistics.median(values)
+            out.append(
+                {
+                    "part": "decode",
+                    "row": row,
+                    "workers": k,
+                    "rows_per_s": median,
+                    "repeats": values,
+                    "dataset": name,
+                }
+            )
+            print(out[-1])
+        rows["numpy record pool"].close()
         ray.shutdown()
-    for row in out:
-        row["dataset"] = name
-        print(row)
     return out
 
 
-def _ray_data_idiom(ray, data, batch_size: int) -> float:
+def _ray_data_idiom(ray, data, batch_size: int):
     """The tutorial loop: records into Ray Data, the augmentation in
-    ``map_batches``, ``iter_batches`` out; rows/s of its second pass."""
+    ``map_batches``, ``iter_batches`` out: ``epoch -> rows/s`` of one pass."""
     from jaxfeed.loaders.data.encoded import augment
 
     rows = {key: np.asarray(list(value)) for key, value in data.arrays.items()}
@@ -125,12 +119,13 @@ def _ray_data_idiom(ray, data, batch_size: int) -> float:
 
     ds = ray.data.from_items([{k: v[i] for k, v in rows.items()} for i in range(len(data))])
     ds = ds.map_batches(augment_batch, batch_size=batch_size, batch_format="numpy")
-    rate = 0.0
-    for _ in range(2):
+
+    def one_pass(epoch: int) -> float:
         started = time.perf_counter()
         count = sum(len(b["label"]) for b in ds.iter_batches(batch_size=batch_size))
-        rate = count / (time.perf_counter() - started)
-    return rate
+        return count / (time.perf_counter() - started)
+
+    return one_pass
 
 
 def scaling(args) -> list[dict]:
@@ -225,6 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data-dir", default=str(SHARED_MNIST), help="MNIST IDX files (mnist-10k)")
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--scaling-rows", type=int, default=512)
+    parser.add_argument("--repeats", type=int, default=3, help="decode: timed passes per row")
     parser.add_argument("--tag", default="cpu")
     args = parser.parse_args(argv)
     parts = ("decode", "scaling", "feed") if args.part == "all" else (args.part,)
