@@ -18,7 +18,7 @@ import threading
 import warnings
 from typing import Any
 
-__all__ = ["connect", "started_here"]
+__all__ = ["connect"]
 
 # Set once jaxfeed itself started (or joined) the instance this process uses.
 _STARTED: list[bool] = []
@@ -68,18 +68,13 @@ def connect(address: str | None, num_cpus: int | None, debug: bool = False) -> A
         # multithreaded process is for children that go on running Python.
         warnings.filterwarnings("ignore", r"os\.fork\(\) was called", RuntimeWarning)
         ray.init(**options)
-    if main and previous not in (signal.SIG_DFL, signal.SIG_IGN, None):
+    if main and previous not in (signal.SIG_DFL, None):
         signal.signal(signal.SIGTERM, previous)
     _quiet_progress(ray, debug)
     if not _STARTED:
         _STARTED.append(True)
         atexit.register(_shutdown)
     return ray
-
-
-def started_here() -> bool:
-    """Whether jaxfeed started or joined the instance this process uses."""
-    return bool(_STARTED)
 
 
 def _quiet_progress(ray: Any, debug: bool) -> None:
