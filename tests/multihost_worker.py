@@ -1,8 +1,9 @@
 """One process of a multi-process test job (started by test_multihost.py).
 
-Usage: python multihost_worker.py COORDINATOR NUM_PROCESSES PROCESS_ID OUT_DIR BACKENDS
+Usage: python multihost_worker.py COORDINATOR NUM_PROCESSES PROCESS_ID OUT_DIR BACKENDS [check-only]
 Each process checks every global batch against the single-process order,
-records which samples it saw, trains one epoch, and writes OUT_DIR/process{I}.json.
+records which samples it saw, trains one epoch (not with ``check-only``), and
+writes OUT_DIR/process{I}.json.
 
 Or: python multihost_worker.py agree COORDINATOR NUM_PROCESSES PROCESS_ID SETTINGS [die]
 joins the job and runs sharding.check_agreement(SETTINGS, a JSON object), waiting
@@ -111,6 +112,11 @@ def main() -> None:
     }
     for backend in backends.split(","):
         result["backends"][backend] = check_backend(backend, mesh)
+    if sys.argv[6:] == ["check-only"]:
+        with open(os.path.join(out_dir, f"process{me}.json"), "w") as f:
+            json.dump(result, f)
+        jax.distributed.shutdown()
+        return
     common = dict(
         dataset=DATASET,
         batch_size=LOCAL_BATCH,

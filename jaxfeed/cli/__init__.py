@@ -125,6 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     """
     args = build_parser().parse_args(argv)  # argparse's own errors exit 2 with usage
     if args.debug:
+        os.environ["JAXFEED_DEBUG"] = "1"  # a Ray instance jaxfeed starts shows its logs too
         return _run(args, argv)
     _quiet_libraries()
     try:

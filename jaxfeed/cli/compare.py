@@ -102,13 +102,12 @@ def run_compare(args: argparse.Namespace, command: list[str]) -> int:
     set_devices(args.devices)
     import jax
 
-    from jaxfeed import loaders
     from jaxfeed.compare.runner import run
     from jaxfeed.loaders.backends import registry
     from jaxfeed.sharding import data_mesh
 
-    usable = [name for name, status in loaders.available().items() if "unavailable" not in status]
-    names = args.loaders if args.loaders is not None else tuple(usable)
+    # Every backend but those run on request (ray starts or joins a cluster).
+    names = args.loaders if args.loaders is not None else tuple(registry.everyday())
     for name in names:
         registry.get(name)  # unknown or not installed: a clear error, before any work
     chosen = {"copy": _copy_workload, "decode": _decode_workload}[args.workload]

@@ -28,6 +28,8 @@ class Backend:
       dists: their distributions on PyPI (whose versions ``available`` shows).
       description: one line for listings.
       extra: jaxfeed's pip extra that installs them; None for core packages.
+      on_request: run only when named, not by "every backend" runs (compare's
+        default, the quickstart): it starts or joins a cluster.
     """
 
     name: str
@@ -36,6 +38,7 @@ class Backend:
     dists: tuple[str, ...]
     description: str
     extra: str | None = None
+    on_request: bool = False
 
     def install_line(self) -> str:
         """What to run to get this backend's packages."""
@@ -97,6 +100,15 @@ for _backend in (
         "HF datasets (Arrow)",
         "hf",
     ),
+    Backend(
+        "ray",
+        "jaxfeed.loaders.backends.ray",
+        ("ray",),
+        ("ray",),
+        "Ray tasks on a Ray cluster (local or joined)",
+        "ray",
+        on_request=True,
+    ),
 ):
     register(_backend)
 
@@ -135,6 +147,12 @@ def available() -> dict[str, str]:
         else:
             status[name] = f"unavailable: {backend.install_line()}"
     return status
+
+
+def everyday() -> list[str]:
+    """The installed backends that "every backend" runs use (all but those
+    run on request, which start or join a cluster)."""
+    return [n for n, b in BACKENDS.items() if not b.on_request and b.missing() is None]
 
 
 def make(

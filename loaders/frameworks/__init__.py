@@ -1,7 +1,7 @@
 """One door per framework: every private attribute of another library that
 jaxfeed reads, and every quirk it works around, as a small named function.
 
-One module per library (`grain`, `tf`, `hf`, `torch`, `numpy`,
+One module per library (`grain`, `tf`, `hf`, `torch`, `numpy`, `ray`,
 `multiprocessing` for the standard library's process pools, `jax`, `keras`). Each
 function names the versions it was checked against, and
 ``tests/loaders/frameworks/`` calls each on a real object of that framework,

@@ -13,6 +13,8 @@
 - `mapped_files`: where a memory-mapped field lies, the kernel's read
   advice, and an on-disk field pickled as where it lies.
 - `torch_epochs`: torch DataLoaders serving epochs, their workers watched.
+- `ray_instance`: the Ray cluster the ray backend joins, or the local
+  instance it starts (and shuts down at exit).
 
 None of them imports a backend, a wrap module or a dataset module.
 """

@@ -3,7 +3,7 @@
 Kinds are recognised by the names of their classes (top-level package and
 class name anywhere in the MRO), so wrapping never imports a framework; each
 kind is read by its framework's module (`torch`, `tf`, `grain`, `hf`,
-`python`). A random-access object is read in the shared sampler's order
+`ray`, `python`). A random-access object is read in the shared sampler's order
 (`random_access`); a stream keeps its own order and resumes with its
 framework's own state (`streams`, `stream_state`).
 """
@@ -14,7 +14,7 @@ import dataclasses
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
-from jaxfeed.loaders.wrapping import grain, hf, python, tf, torch
+from jaxfeed.loaders.wrapping import grain, hf, python, ray, tf, torch
 from jaxfeed.loaders.wrapping.epochs import Epochs, WrapSettings
 
 __all__ = ["KINDS", "REPLAYABLE", "Epochs", "WrapSettings"]
@@ -95,6 +95,8 @@ KINDS: tuple[_Kind, ...] = (
     _Kind("grain.MapDataset", _named("grain.MapDataset"), grain.wrap_map_dataset),
     _Kind("grain.IterDataset", _named("grain.IterDataset"), grain.wrap_iter_dataset),
     _Kind("grain.DataLoader", _named("grain.DataLoader"), grain.wrap_loader),
+    _Kind("ray.data.Dataset", _named("ray.Dataset"), ray.wrap_dataset),
+    _Kind("ray.data.DataIterator", _named("ray.DataIterator"), ray.wrap_iterator),
     _Kind(
         "a re-iterable of batches (list, tuple, custom class)",
         _reiterable,

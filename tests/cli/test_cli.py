@@ -236,7 +236,7 @@ def test_user_error_is_one_stderr_line_in_a_fresh_process():
     assert result.stdout == ""
     assert result.stderr.splitlines() == [
         "jaxfeed: error: unknown backend 'nope'; choose one of "
-        "['grain', 'hf', 'numpy', 'tf', 'torch']"
+        "['grain', 'hf', 'numpy', 'ray', 'tf', 'torch']"
     ]
 
 

@@ -1,0 +1,93 @@
+"""The Ray cluster the ray backend runs its tasks on: joined, or started here.
+
+``ray_address=`` (else ``RAY_ADDRESS``) joins an existing cluster; without
+one, a local instance is started with a bounded number of CPUs, no dashboard,
+and the workers' output kept off this process's stdout. What jaxfeed started
+it shuts down at exit; a SIGTERM handler that was in place (jaxfeed's, which
+stops a run at a step and saves) stays in place.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import signal
+import sys
+import threading
+import warnings
+from typing import Any
+
+__all__ = ["connect"]
+
+# Set once jaxfeed itself started (or joined) the instance this process uses.
+_STARTED: list[bool] = []
+
+
+def connect(address: str | None, num_cpus: int | None, debug: bool = False) -> Any:
+    """The ``ray`` module, connected: to ``address`` (else ``RAY_ADDRESS``),
+    else to a local instance started now with ``num_cpus`` CPUs (None: this
+    machine's). A process already connected (by the user) is used as it is.
+
+    Args:
+      address: a cluster's address (``"ray://host:10001"``, ``"host:6379"``,
+        ``"auto"``), or None.
+      num_cpus: CPUs of a locally started instance.
+      debug: keep Ray's workers' output and info logs on this process's
+        stdout/stderr (``JAXFEED_DEBUG=1`` does too).
+    """
+    import ray
+
+    if ray.is_initialized():
+        return ray
+    address = address or os.environ.get("RAY_ADDRESS") or None
+    debug = debug or os.environ.get("JAXFEED_DEBUG") == "1"
+    options: dict[str, Any] = dict(
+        address=address,
+        log_to_driver=debug,
+        configure_logging=True,
+        logging_level=logging.INFO if debug else logging.ERROR,
+    )
+    if address is None:
+        cpus = os.cpu_count() or 1
+        options.update(
+            address="local",  # a new instance, not one found running on this machine
+            num_cpus=min(num_cpus or cpus, cpus * 4),
+            include_dashboard=False,
+            # The workers import what this process imports (a transform's module),
+            # as spawned record-pool workers do; a joined cluster ships code its own
+            # way (runtime_env's working_dir / py_modules).
+            runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}},
+        )
+    # ray.init installs a SIGTERM handler (sys.exit); one already in place
+    # (jaxfeed's run stops at a step and saves) must keep its job.
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.getsignal(signal.SIGTERM) if main else None
+    with warnings.catch_warnings():
+        # Ray starts its processes by fork + exec; JAX's warning about forking a
+        # multithreaded process is for children that go on running Python.
+        warnings.filterwarnings("ignore", r"os\.fork\(\) was called", RuntimeWarning)
+        ray.init(**options)
+    if main and previous not in (signal.SIG_DFL, None):
+        signal.signal(signal.SIGTERM, previous)
+    _quiet_progress(ray, debug)
+    if not _STARTED:
+        _STARTED.append(True)
+        atexit.register(_shutdown)
+    return ray
+
+
+def _quiet_progress(ray: Any, debug: bool) -> None:
+    """Ray Data's progress bars write to stderr on every pass: off unless debugging."""
+    if debug:
+        return
+    context = ray.data.DataContext.get_current()
+    context.enable_progress_bars = False
+    context.print_on_execution_start = False
+
+
+def _shutdown() -> None:
+    import ray
+
+    if ray.is_initialized():
+        ray.shutdown()

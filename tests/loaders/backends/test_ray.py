@@ -1,0 +1,231 @@
+"""The ray backend on a simulated 2-node Ray cluster (one per module): its
+batches are the numpy backend's, byte for byte, also after a worker dies.
+
+Each Ray start costs seconds, so the whole module shares one cluster, and the
+quick tier runs none of it.
+"""
+
+import functools
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from backend_helpers import assert_same_batches, free_port, indexed_dataset
+from jaxfeed.loaders import TransformError
+from ray_helpers import (
+    dies_on_row_20,
+    ray_processes,
+    shifted,
+    shifted_or_stalled,
+    worker_env,
+)
+from transform_helpers import encoded_digits, random_augment
+
+from jaxfeed import loaders
+
+pytestmark = pytest.mark.slow
+
+TIMEOUT_SECONDS = 120
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """Two simulated nodes of 2 CPUs each; make("ray") runs its tasks on them.
+    (Two CPUs a node: the two-process job's drivers each keep their own workers,
+    which Ray would otherwise stop and start in turn.)"""
+    import ray
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2})
+    cluster.add_node(num_cpus=2)
+    ray.init(
+        address=cluster.address,
+        logging_level="ERROR",
+        log_to_driver=False,
+        runtime_env=worker_env(),
+    )
+    ray.data.DataContext.get_current().enable_progress_bars = False
+    try:
+        yield cluster
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+
+
+def _both(dataset, **options):
+    """The ray and the numpy backend over ``dataset`` with the same options."""
+    return loaders.make("ray", dataset=dataset, **options), loaders.make(
+        "numpy", dataset=dataset, **options
+    )
+
+
+def _epochs(source, epochs=(0, 1), start=0):
+    return [b for e in epochs for b in source.iter_epoch(e, start=start)]
+
+
+def test_two_nodes_give_the_numpy_batches_over_two_epochs(cluster):
+    import ray
+
+    assert sum(node["Alive"] for node in ray.nodes()) == 2
+    # 300 rows in batches of 32: the last batch is padded and masked.
+    ray_source, numpy_source = _both(indexed_dataset(), batch_size=32, seed=3)
+    got = _epochs(ray_source)
+    assert_same_batches(got, _epochs(numpy_source))
+    assert not np.array_equal(got[0]["label"], got[10]["label"])  # a new order per epoch
+    assert got[9]["mask"].sum() == 300 - 9 * 32
+
+
+def test_transform_draws_are_the_numpy_ones(cluster):
+    ray_source, numpy_source = _both(
+        encoded_digits(64), batch_size=16, seed=5, transform=random_augment
+    )
+    assert_same_batches(_epochs(ray_source), _epochs(numpy_source))
+
+
+def test_start_resumes_mid_epoch_exactly(cluster):
+    ray_source, numpy_source = _both(indexed_dataset(), batch_size=32, seed=3, transform=shifted)
+    assert_same_batches(list(ray_source.iter_epoch(1, start=4)), _epochs(numpy_source)[14:])
+
+
+def test_process_slices_and_on_disk_fields(cluster, tmp_path):
+    data = indexed_dataset()
+    for key, array in data.arrays.items():
+        np.save(tmp_path / f"{key}.npy", array)
+    mapped = {key: np.load(tmp_path / f"{key}.npy", mmap_mode="r") for key in data.arrays}
+    for index in range(2):
+        options = dict(batch_size=16, seed=1, process_index=index, process_count=2)
+        ray_source, numpy_source = _both(mapped, **options)
+        assert_same_batches(_epochs(ray_source, (0,)), _epochs(numpy_source, (0,)))
+
+
+def test_a_killed_worker_costs_time_not_data(cluster, tmp_path):
+    numpy_source = loaders.make(
+        "numpy", dataset=indexed_dataset(), batch_size=32, seed=2, transform=shifted
+    )
+    # A row of epoch 1's second batch: its task is in flight while the first is read.
+    row = int(list(numpy_source.iter_epoch(1))[1]["label"][5])
+    stalled = functools.partial(shifted_or_stalled, str(tmp_path), row)
+    ray_source = loaders.make(
+        "ray", dataset=indexed_dataset(), batch_size=32, seed=2, transform=stalled
+    )
+    assert_same_batches(list(ray_source.iter_epoch(0)), list(numpy_source.iter_epoch(0)))
+    (tmp_path / "epoch1").touch()
+    batches = ray_source.iter_epoch(1)
+    got = [next(batches)]  # tasks are in flight: the row's stalls in its worker
+    deadline = time.monotonic() + TIMEOUT_SECONDS
+    while not (tmp_path / "stalled").exists():
+        assert time.monotonic() < deadline, f"row {row}'s task never started"
+        time.sleep(0.01)
+    worker = int((tmp_path / "stalled").read_text())
+    os.kill(worker, signal.SIGKILL)
+    (tmp_path / "go").touch()
+    got.extend(batches)
+    assert_same_batches(got, list(numpy_source.iter_epoch(1)))
+
+
+def test_a_task_ray_gives_up_on_is_one_error_naming_its_rows(cluster, monkeypatch):
+    from jaxfeed.loaders.backends import ray as ray_backend
+
+    monkeypatch.setattr(ray_backend, "MAX_RETRIES", 0)  # one worker death, not four
+    source = loaders.make(
+        "ray",
+        dataset=indexed_dataset(64),
+        batch_size=32,
+        seed=0,
+        shuffle=False,
+        transform=dies_on_row_20,
+    )
+    with pytest.raises(
+        RuntimeError, match=r"Ray gave up on the batch of rows \[0, 1, .* of epoch 0"
+    ):
+        list(source.iter_epoch(0))
+
+
+def test_a_transform_error_names_its_row(cluster):
+    data = {"label_row": np.arange(16)}
+    from transform_helpers import fail_on_row_7
+
+    source = loaders.make("ray", dataset=data, batch_size=8, shuffle=False, transform=fail_on_row_7)
+    with pytest.raises(TransformError, match=r"row 7 \(epoch 0\): KeyError"):
+        list(source.iter_epoch(0))
+
+
+WORKER = Path(__file__).resolve().parents[2] / "multihost_worker.py"
+
+
+def test_a_two_process_jax_job_on_one_cluster_equals_one_process(cluster, tmp_path):
+    # Each process joins the module's cluster (RAY_ADDRESS), submits its slice of
+    # every global batch, and checks each placed global batch against one process's.
+    coordinator = f"127.0.0.1:{free_port()}"
+    env = {**os.environ, "PYTHONPATH": str(WORKER.parents[1]), "RAY_ADDRESS": cluster.address}
+    logs = [tmp_path / f"process{i}.log" for i in range(2)]
+    children = []
+    try:
+        for i, log in enumerate(logs):
+            with log.open("w") as out:  # a file, not a pipe: a full pipe would block a child
+                args = [coordinator, "2", str(i), str(tmp_path), "ray", "check-only"]
+                children.append(
+                    subprocess.Popen(
+                        [sys.executable, str(WORKER), *args],
+                        env=env,
+                        stdout=out,
+                        stderr=subprocess.STDOUT,
+                    )
+                )
+        for child in children:
+            child.wait(TIMEOUT_SECONDS)
+    finally:
+        for child in children:
+            if child.poll() is None:
+                child.kill()
+                child.wait()
+    for i, child in enumerate(children):
+        assert child.returncode == 0, f"process {i} failed:\n{logs[i].read_text()[-4000:]}"
+    results = [json.loads((tmp_path / f"process{i}.json").read_text()) for i in range(2)]
+    per_process = [r["backends"]["ray"] for r in results]
+    assert all(p["identical_to_single_process"] for p in per_process)
+    seen = sorted(d for p in per_process for d in p["seen"])
+    test = loaders.load_dataset("mnist-sample", "test")
+    assert seen == sorted(hashlib.sha1(image.tobytes()).hexdigest() for image in test["image"])
+
+
+_STARTS_AN_INSTANCE = """
+import sys, threading
+from jaxfeed import loaders
+source = loaders.make("ray", dataset={"x": __import__("numpy").arange(64)}, batch_size=8)
+next(source.iter_epoch(0))
+print("ready", flush=True)
+threading.Event().wait()
+"""
+
+
+def test_no_ray_process_outlives_a_sigterm():
+    # (Ctrl-C takes the same way out, through exit and atexit; one start is enough.)
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    child = subprocess.Popen(
+        [sys.executable, "-c", _STARTS_AN_INSTANCE],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        assert child.stdout.readline() == "ready\n"  # the local instance runs
+        started = ray_processes(child.pid)
+        assert any("raylet" in " ".join(p.cmdline()) for p in started)
+        child.send_signal(signal.SIGTERM)
+        child.wait(TIMEOUT_SECONDS)
+        import psutil
+
+        _, alive = psutil.wait_procs(started, timeout=TIMEOUT_SECONDS)
+        assert alive == []
+    finally:
+        if child.poll() is None:
+            child.kill()
