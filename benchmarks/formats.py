@@ -165,8 +165,8 @@ def main() -> None:
             print(json.dumps(row), flush=True)
     load = os.getloadavg()
     lines = [
-        f"formats benchmark, {len(png)} digits-png records, batch {BATCH}, 0 workers; LOADED "
-        f"machine: load average {load[0]:.1f} on {os.cpu_count()} cores (shared with other agents)",
+        f"formats benchmark, {len(png)} digits-png records, batch {BATCH}, 0 workers; "
+        f"load average {load[0]:.1f} (1 min) on {os.cpu_count()} cores",
         f"{'format':12s} {'MB':>6s} {'copy MB/s':>9s} {'numpy/s':>8s} {'grain/s':>8s} "
         f"{'own reader/s':>12s}",
     ]
