@@ -21,7 +21,7 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
-from backend_helpers import free_port
+from backend_helpers import free_port, process_alive
 from conftest import sample_digits
 from jaxfeed.loaders.data.idx import read_idx, write_idx
 from jaxfeed.loaders.data.mnist import T10K_LABELS
@@ -312,7 +312,7 @@ def test_a_peer_killed_during_training_stops_the_job(tmp_path, killed):
         f"jaxfeed: error: process {1 - killed} lost its connection to another process during "
         "training" in output
     ), output
-    assert not [pid for pid in workers if _alive(pid)], "workers outlived the survivor"
+    assert not [pid for pid in workers if process_alive(pid)], "workers outlived the survivor"
 
 
 def _children(pid: int) -> set[int]:
@@ -321,14 +321,6 @@ def _children(pid: int) -> set[int]:
         with open(f"/proc/{pid}/task/{task}/children") as file:
             children |= {int(child) for child in file.read().split()}
     return children
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/status") as status:
-            return not any(line.startswith("State:\tZ") for line in status)  # a zombie is gone
-    except FileNotFoundError:
-        return False
 
 
 def _workers(pid: int) -> set[int]:

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+from backend_helpers import process_alive
 from jaxfeed.loaders.workers import owned_segments, owner_lock, shared_batches
 
 TESTS = Path(__file__).resolve().parents[2]
@@ -47,14 +48,6 @@ sys.stdin.read()
 """
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/status") as status:
-            return not any(line.startswith("State:\tZ") for line in status)  # a zombie is gone
-    except FileNotFoundError:
-        return False
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", ["numpy", "torch"])
 def test_a_run_killed_outright_leaves_no_worker_and_no_batch_directory(backend):
@@ -72,9 +65,11 @@ def test_a_run_killed_outright_leaves_no_worker_and_no_batch_directory(backend):
     workers = said["children"]
     assert len(workers) >= 2, said
     deadline = time.monotonic() + 60
-    while any(_alive(pid) for pid in workers) and time.monotonic() < deadline:
+    while any(process_alive(pid) for pid in workers) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not [pid for pid in workers if _alive(pid)], "workers outlived their killed parent"
+    assert not [pid for pid in workers if process_alive(pid)], (
+        "workers outlived their killed parent"
+    )
     assert said["made"] and all(os.path.isdir(d) for d in said["made"])  # left by the kill...
     shared_batches.remove_directory(shared_batches.make_directory())
     assert not [d for d in said["made"] if os.path.exists(d)]  # ...and gone with the next run
@@ -154,9 +149,11 @@ def _killed_grain_run(whole_group: bool) -> dict:
     assert len(said["children"]) >= 3 and said["tag"], said  # 2 workers and the tracker
     assert said["segments"], said  # the workers' segments carry the run's tag
     deadline = time.monotonic() + 60
-    while any(_alive(pid) for pid in said["children"]) and time.monotonic() < deadline:
+    while any(process_alive(pid) for pid in said["children"]) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not [pid for pid in said["children"] if _alive(pid)], "outlived their killed parent"
+    assert not [pid for pid in said["children"] if process_alive(pid)], (
+        "outlived their killed parent"
+    )
     return said
 
 
