@@ -1,23 +1,31 @@
 """Read-ahead that keeps the disk busy for a dataset bigger than memory.
 
 A backend reading memory-mapped rows waits for each page fault in turn. A
-thread walks the epoch's index plan up to `AHEAD_BYTES` ahead of the reader
-and asks the kernel to start reading the coming batches' rows
-(``madvise(WILLNEED)`` on the mapped rows returns at once; the reads fill the
-page cache meanwhile, which torch and Grain worker processes share). The
-rows may lie in several mapped chunks (`MappedRows`): hf reads its Arrow
-copy, chunk by chunk, not the dataset's files. Rows closer than
-`MERGE_GAP` bytes are asked for as one range, so a block order's batch
-becomes a few long reads; a full permutation's rows are asked for one by one,
-which keeps many reads in flight (with ``MADV_RANDOM``, measured on 36M rows
-bigger than memory: 92,000 random rows/s with hints 4 batches ahead, 16,600
-without). A batch whose sampled rows are in memory already is skipped, so a
-warm dataset costs a few ``mincore`` calls per batch.
+planner thread walks the epoch's index plan up to `AHEAD_BYTES` ahead of the
+reader and turns each coming batch's rows into page ranges: rows closer than
+`MERGE_GAP` bytes are one range, so a block order's batch becomes a few long
+ranges (cut into reads of `READ_BYTES`), and a full permutation's rows become
+many short ones (grouped `RANGES_PER_READ` to a read). Reader threads take
+the reads in order and fault their pages in
+(``madvise(MADV_POPULATE_READ)``, which returns once the pages are in the
+page cache and releases the GIL meanwhile; torch and Grain worker processes
+share that cache). The number of readers is the number of reads outstanding:
+`ReadDepth` sets it from the throughput they reach, up to
+``AHEAD_BYTES // READ_BYTES``, so a slow disk gets a few and a fast one as
+many as raise its rate. Where the kernel has no ``MADV_POPULATE_READ``
+(before Linux 5.14) the readers ask with ``MADV_WILLNEED``, which starts the
+reads and returns. The rows may lie in several mapped chunks (`MappedRows`):
+hf reads its Arrow copy, chunk by chunk, not the dataset's files. A batch
+whose sampled rows are in memory already is skipped, so a warm dataset costs
+a few ``mincore`` calls per batch, and a read of a batch the reader has
+passed is dropped.
 """
 
 from __future__ import annotations
 
+import collections
 import ctypes
+import errno
 import mmap
 import threading
 from collections.abc import Sequence
@@ -26,11 +34,18 @@ from typing import NamedTuple
 import numpy as np
 from jaxfeed.loaders.workers.mapped_files import MADVISE as _MADVISE
 from jaxfeed.loaders.workers.mapped_files import file_rows, libc_function
+from jaxfeed.loaders.workers.read_depth import ReadDepth
 
 AHEAD_BYTES = 256 << 20
-"""How far ahead of the reader rows are asked for (at least one batch)."""
+"""How far ahead of the reader rows are asked for (at least one batch); also
+the bound on the bytes of the reads outstanding."""
 MERGE_GAP = 64 << 10
 """Rows this close together are read as one range."""
+READ_BYTES = 4 << 20
+"""Long ranges are read in pieces of this size, several at once."""
+RANGES_PER_READ = 32
+"""Short ranges (a full permutation's rows) one reader faults in, one by one."""
+_POPULATE_READ = 22  # MADV_POPULATE_READ, Linux >= 5.14 (the mmap module lacks it)
 _PROBES = 8  # rows of a batch checked for residency before it is asked for
 _PAGE = mmap.PAGESIZE
 
@@ -59,44 +74,70 @@ def mapped_rows(arrays: Sequence[np.ndarray]) -> list[MappedRows]:
     ]
 
 
+class _Read(NamedTuple):
+    step: int  # the batch it is for
+    ranges: list[tuple[int, int]]  # page-aligned (start, length)
+    nbytes: int
+
+
 class DiskReadAhead:
-    """Asks for the rows of ``plan[i + 1 :]`` (up to `AHEAD_BYTES`) while the
-    reader is at batch ``i`` (`reached`). A no-op without mapped fields.
+    """Reads the rows of ``plan[i + 1 :]`` (up to `AHEAD_BYTES`) into the page
+    cache while the reader is at batch ``i`` (`reached`). A no-op without
+    mapped fields.
 
     Args:
       fields: where the fields' rows lie (`mapped_rows`).
       plan: the epoch's index batches, in reading order.
+      depth: sets the reads outstanding (a `ReadDepth` by default).
     """
 
-    def __init__(self, fields: Sequence[MappedRows], plan: Sequence[np.ndarray]):
+    def __init__(
+        self,
+        fields: Sequence[MappedRows],
+        plan: Sequence[np.ndarray],
+        depth: ReadDepth | None = None,
+    ):
         self._fields = list(fields)
         self._plan = plan
         self._reached = -1
         self._changed = threading.Condition()
         self._closed = False
-        self._thread = None
+        self._reads: collections.deque[_Read] = collections.deque()
+        self._threads: list[threading.Thread] = []
+        self.depth = depth or ReadDepth(ceiling=max(1, AHEAD_BYTES // READ_BYTES))
         if not self._fields or _MADVISE is None or not len(plan):
             return
         batch_bytes = len(plan[0]) * sum(field.row_bytes for field in self._fields)
         self._ahead = max(1, AHEAD_BYTES // max(1, batch_bytes))
-        self._thread = threading.Thread(target=self._run, name="jaxfeed-read-ahead", daemon=True)
-        self._thread.start()
+        self._start(self._plan_reads, "jaxfeed-read-ahead")
+
+    @property
+    def threads(self) -> list[threading.Thread]:
+        """The planner and the readers started so far."""
+        return list(self._threads)
 
     def reached(self, step: int) -> None:
         """The reader is at batch ``step`` of the plan."""
         with self._changed:
             self._reached = step
-            self._changed.notify()
+            self._changed.notify_all()
 
     def close(self) -> None:
+        """Stops every thread (a reader finishes the range it is faulting in)."""
         with self._changed:
             self._closed = True
-            self._changed.notify()
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
+            self._reads.clear()
+            self._changed.notify_all()
+        for thread in self._threads:
+            thread.join()
+        self._threads.clear()
 
-    def _run(self) -> None:
+    def _start(self, target, name: str, *args) -> None:
+        thread = threading.Thread(target=target, args=args, name=name, daemon=True)
+        self._threads.append(thread)
+        thread.start()
+
+    def _plan_reads(self) -> None:
         step = 0
         while step < len(self._plan):
             with self._changed:
@@ -106,18 +147,69 @@ class DiskReadAhead:
                     return
                 step = max(step, self._reached + 1)  # never ask for what was read
             if step < len(self._plan):
-                self._ask(self._plan[step])
+                reads = self._reads_of(step)
+                with self._changed:
+                    if self._closed:
+                        return
+                    self._reads.extend(reads)
+                    self._grow()
+                    self._changed.notify_all()
             step += 1
 
-    def _ask(self, indices: np.ndarray) -> None:
-        rows = np.unique(indices)
+    def _reads_of(self, step: int) -> list[_Read]:
+        rows = np.unique(self._plan[step])
+        reads = []
         for field in self._fields:
             addresses = field.addresses(rows)
             if _resident(addresses, field.row_bytes):
                 continue
+            short: list[tuple[int, int]] = []
             for start, stop in _ranges(np.sort(addresses), field.row_bytes):
-                aligned = start - start % _PAGE
-                _MADVISE(aligned, stop - aligned, mmap.MADV_WILLNEED)
+                start -= start % _PAGE
+                if stop - start <= READ_BYTES // 2:
+                    short.append((start, stop - start))
+                    if len(short) == RANGES_PER_READ:
+                        reads.append(_Read(step, short, sum(n for _, n in short)))
+                        short = []
+                    continue
+                for piece in range(start, stop, READ_BYTES):
+                    length = min(READ_BYTES, stop - piece)
+                    reads.append(_Read(step, [(piece, length)], length))
+            if short:
+                reads.append(_Read(step, short, sum(n for _, n in short)))
+        return reads
+
+    def _grow(self) -> None:
+        """Starts readers up to the depth (called holding ``_changed``)."""
+        while len(self._threads) - 1 < self.depth.depth:
+            self._start(self._read, "jaxfeed-read-ahead-reader", len(self._threads) - 1)
+
+    def _read(self, me: int) -> None:
+        """Reader ``me``: faults in the waiting reads while ``me`` is under the depth."""
+        global _ADVICE
+        while True:
+            with self._changed:
+                while not self._closed and (me >= self.depth.depth or not self._reads):
+                    self._changed.wait()
+                if self._closed:
+                    return
+                read = self._reads.popleft()
+                if read.step <= self._reached:
+                    continue  # the reader got there first
+            for start, length in read.ranges:
+                refused = (
+                    _MADVISE(start, length, _ADVICE) == -1 and ctypes.get_errno() == errno.EINVAL
+                )
+                if refused and _ADVICE == _POPULATE_READ:  # a kernel without it
+                    _ADVICE = mmap.MADV_WILLNEED
+                    _MADVISE(start, length, _ADVICE)
+            with self._changed:
+                self.depth.done(read.nbytes, backlog=bool(self._reads))
+                self._grow()
+                self._changed.notify_all()
+
+
+_ADVICE = _POPULATE_READ  # MADV_WILLNEED once the kernel refused it
 
 
 def _resident(addresses: np.ndarray, row_bytes: int) -> bool:
