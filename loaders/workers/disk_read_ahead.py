@@ -4,20 +4,26 @@ A backend reading memory-mapped rows waits for each page fault in turn. A
 planner thread walks the epoch's index plan up to `AHEAD_BYTES` ahead of the
 reader and turns each coming batch's rows into page ranges: rows closer than
 `MERGE_GAP` bytes are one range, so a block order's batch becomes a few long
-ranges (cut into reads of `READ_BYTES`), and a full permutation's rows become
-many short ones (grouped `RANGES_PER_READ` to a read). Reader threads take
-the reads in order and fault their pages in
-(``madvise(MADV_POPULATE_READ)``, which returns once the pages are in the
-page cache and releases the GIL meanwhile; torch and Grain worker processes
-share that cache). The number of readers is the number of reads outstanding:
-`ReadDepth` sets it from the throughput they reach, up to
-``AHEAD_BYTES // READ_BYTES``, so a slow disk gets a few and a fast one as
-many as raise its rate. Where the kernel has no ``MADV_POPULATE_READ``
-(before Linux 5.14) the readers ask with ``MADV_WILLNEED``, which starts the
-reads and returns. The rows may lie in several mapped chunks (`MappedRows`):
+ranges and a full permutation's rows many short ones (grouped
+`RANGES_PER_READ` to a read). Reader threads take the reads in order and ask
+the kernel for them (``madvise(MADV_WILLNEED)``, which starts the reads and
+returns once they are queued; the page cache it fills is shared with torch
+and Grain worker processes).
+
+Two things are measured, not assumed. The kernel reads at most its
+read-ahead window per ``MADV_WILLNEED`` (``read_ahead_kb`` of the file's
+device: 8 MiB on one disk, 128 KiB by default; a 16 MiB range asked for at
+once came in half), so long ranges are cut into pieces of that window
+(`mapped_files.read_window`), at most `READ_BYTES`. And one thread asking
+stalls while the kernel queues its reads (measured cold on this machine:
+1.1 GB/s from one thread asking 4 MiB pieces, 1.8 GB/s from two; 75k random
+pages/s from one, 92k from four), so the number of readers is set by
+`ReadDepth` from the throughput they reach, up to `MAX_READERS` and to
+``AHEAD_BYTES`` over the piece: a slow disk gets a few, a fast one as many
+as raise its rate. The rows may lie in several mapped chunks (`MappedRows`):
 hf reads its Arrow copy, chunk by chunk, not the dataset's files. A batch
 whose sampled rows are in memory already is skipped, so a warm dataset costs
-a few ``mincore`` calls per batch, and a read of a batch the reader has
+a few ``mincore`` calls per batch, and a read for a batch the reader has
 passed is dropped.
 """
 
@@ -25,7 +31,6 @@ from __future__ import annotations
 
 import collections
 import ctypes
-import errno
 import mmap
 import threading
 from collections.abc import Sequence
@@ -33,7 +38,7 @@ from typing import NamedTuple
 
 import numpy as np
 from jaxfeed.loaders.workers.mapped_files import MADVISE as _MADVISE
-from jaxfeed.loaders.workers.mapped_files import file_rows, libc_function
+from jaxfeed.loaders.workers.mapped_files import file_rows, libc_function, read_window
 from jaxfeed.loaders.workers.read_depth import ReadDepth
 
 AHEAD_BYTES = 256 << 20
@@ -41,11 +46,12 @@ AHEAD_BYTES = 256 << 20
 the bound on the bytes of the reads outstanding."""
 MERGE_GAP = 64 << 10
 """Rows this close together are read as one range."""
-READ_BYTES = 4 << 20
-"""Long ranges are read in pieces of this size, several at once."""
-RANGES_PER_READ = 32
-"""Short ranges (a full permutation's rows) one reader faults in, one by one."""
-_POPULATE_READ = 22  # MADV_POPULATE_READ, Linux >= 5.14 (the mmap module lacks it)
+READ_BYTES = 8 << 20
+"""The longest piece one reader asks for at once (the read-ahead window may cap it)."""
+RANGES_PER_READ = 64
+"""Short ranges (a full permutation's rows) one reader asks for, one call each."""
+MAX_READERS = 64
+"""The most reader threads (reads queued at once)."""
 _PROBES = 8  # rows of a batch checked for residency before it is asked for
 _PAGE = mmap.PAGESIZE
 
@@ -104,9 +110,12 @@ class DiskReadAhead:
         self._closed = False
         self._reads: collections.deque[_Read] = collections.deque()
         self._threads: list[threading.Thread] = []
-        self.depth = depth or ReadDepth(ceiling=max(1, AHEAD_BYTES // READ_BYTES))
+        self.depth = depth
         if not self._fields or _MADVISE is None or not len(plan):
             return
+        self._piece = min([READ_BYTES, *(read_window(int(f.bases[0])) for f in self._fields)])
+        ceiling = min(MAX_READERS, max(1, AHEAD_BYTES // self._piece))
+        self.depth = depth or ReadDepth(ceiling=ceiling)
         batch_bytes = len(plan[0]) * sum(field.row_bytes for field in self._fields)
         self._ahead = max(1, AHEAD_BYTES // max(1, batch_bytes))
         self._start(self._plan_reads, "jaxfeed-read-ahead")
@@ -166,14 +175,14 @@ class DiskReadAhead:
             short: list[tuple[int, int]] = []
             for start, stop in _ranges(np.sort(addresses), field.row_bytes):
                 start -= start % _PAGE
-                if stop - start <= READ_BYTES // 2:
+                if stop - start <= self._piece // 2:
                     short.append((start, stop - start))
                     if len(short) == RANGES_PER_READ:
                         reads.append(_Read(step, short, sum(n for _, n in short)))
                         short = []
                     continue
-                for piece in range(start, stop, READ_BYTES):
-                    length = min(READ_BYTES, stop - piece)
+                for piece in range(start, stop, self._piece):
+                    length = min(self._piece, stop - piece)
                     reads.append(_Read(step, [(piece, length)], length))
             if short:
                 reads.append(_Read(step, short, sum(n for _, n in short)))
@@ -185,8 +194,7 @@ class DiskReadAhead:
             self._start(self._read, "jaxfeed-read-ahead-reader", len(self._threads) - 1)
 
     def _read(self, me: int) -> None:
-        """Reader ``me``: faults in the waiting reads while ``me`` is under the depth."""
-        global _ADVICE
+        """Reader ``me``: asks for the waiting reads while ``me`` is under the depth."""
         while True:
             with self._changed:
                 while not self._closed and (me >= self.depth.depth or not self._reads):
@@ -197,19 +205,11 @@ class DiskReadAhead:
                 if read.step <= self._reached:
                     continue  # the reader got there first
             for start, length in read.ranges:
-                refused = (
-                    _MADVISE(start, length, _ADVICE) == -1 and ctypes.get_errno() == errno.EINVAL
-                )
-                if refused and _ADVICE == _POPULATE_READ:  # a kernel without it
-                    _ADVICE = mmap.MADV_WILLNEED
-                    _MADVISE(start, length, _ADVICE)
+                _MADVISE(start, length, mmap.MADV_WILLNEED)
             with self._changed:
                 self.depth.done(read.nbytes, backlog=bool(self._reads))
                 self._grow()
                 self._changed.notify_all()
-
-
-_ADVICE = _POPULATE_READ  # MADV_WILLNEED once the kernel refused it
 
 
 def _resident(addresses: np.ndarray, row_bytes: int) -> bool:

@@ -19,6 +19,7 @@ def test_read_ahead_asks_for_the_coming_blocks_as_long_ranges(tmp_path, monkeypa
     asked = []
     monkeypatch.setattr(disk_read_ahead, "_MADVISE", lambda *a: asked.append(a[:2]))
     monkeypatch.setattr(disk_read_ahead, "_MINCORE", None)  # as if nothing were cached
+    monkeypatch.setattr(disk_read_ahead, "read_window", lambda address: 8 << 20)
     directory = tmp_path / "d"
     directory.mkdir()
     np.save(directory / "x.npy", np.zeros((4000, 1024), np.uint8))
@@ -37,6 +38,26 @@ def test_read_ahead_asks_for_the_coming_blocks_as_long_ranges(tmp_path, monkeypa
             assert all(100 << 10 <= length < (200 << 10) + 4096 for _, length in asked), asked
         else:  # 200 random rows of 4,000: gaps under 64 KiB merge them into long ranges
             assert len(asked) >= 20
+
+
+def test_long_ranges_are_asked_for_in_pieces_the_kernel_reads_whole(tmp_path, monkeypatch):
+    # MADV_WILLNEED reads at most the device's read-ahead window per call.
+    asked = []
+    monkeypatch.setattr(disk_read_ahead, "_MADVISE", lambda *a: asked.append(a[:2]))
+    monkeypatch.setattr(disk_read_ahead, "_MINCORE", None)
+    monkeypatch.setattr(disk_read_ahead, "read_window", lambda address: 64 << 10)
+    np.save(tmp_path / "x.npy", np.zeros((4000, 1024), np.uint8))
+    x = np.load(tmp_path / "x.npy", mmap_mode="r")
+    plan = [np.arange(1000 * i, 1000 * (i + 1)) for i in range(4)]  # 4 batches of 1000 KiB
+    ahead = DiskReadAhead(mapped_rows([x]), plan)
+    deadline = time.monotonic() + 10
+    while sum(n for _, n in asked) < x.nbytes and time.monotonic() < deadline:
+        time.sleep(0.01)
+    ahead.close()
+    assert all(length <= 64 << 10 for _, length in asked), asked
+    pieces = sorted(asked)  # they cover every row, with no gap
+    assert pieces[0][0] <= x.ctypes.data and sum(pieces[-1]) >= x.ctypes.data + x.nbytes
+    assert all(start <= sum(before) for before, (start, _) in zip(pieces, pieces[1:]))
 
 
 @pytest.fixture(scope="module")
