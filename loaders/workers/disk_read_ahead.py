@@ -70,6 +70,12 @@ class MappedRows(NamedTuple):
     def addresses(self, rows: np.ndarray) -> np.ndarray:
         return self.bases[rows // self.chunk_rows] + (rows % self.chunk_rows) * self.row_bytes
 
+    @property
+    def span(self) -> tuple[int, int]:
+        """The page-aligned addresses its rows lie within."""
+        low = int(self.bases.min())
+        return low - low % _PAGE, int(self.bases.max()) + self.chunk_rows * self.row_bytes
+
 
 def mapped_rows(arrays: Sequence[np.ndarray]) -> list[MappedRows]:
     """The layouts of the fields among ``arrays`` that are mapped from files."""
@@ -116,8 +122,9 @@ class DiskReadAhead:
         self._piece = min([READ_BYTES, *(read_window(int(f.bases[0])) for f in self._fields)])
         ceiling = min(MAX_READERS, max(1, AHEAD_BYTES // self._piece))
         self.depth = depth or ReadDepth(ceiling=ceiling)
-        batch_bytes = len(plan[0]) * sum(field.row_bytes for field in self._fields)
-        self._ahead = max(1, AHEAD_BYTES // max(1, batch_bytes))
+        self._asked: set[int] = set()  # `MERGE_GAP` cells of long ranges asked for
+        self._ahead: collections.deque[tuple[int, int]] = collections.deque()  # (step, bytes)
+        self._ahead_bytes = 0
         self._start(self._plan_reads, "jaxfeed-read-ahead")
 
     @property
@@ -129,6 +136,8 @@ class DiskReadAhead:
         """The reader is at batch ``step`` of the plan."""
         with self._changed:
             self._reached = step
+            while self._ahead and self._ahead[0][0] <= step:
+                self._ahead_bytes -= self._ahead.popleft()[1]
             self._changed.notify_all()
 
     def close(self) -> None:
@@ -150,7 +159,7 @@ class DiskReadAhead:
         step = 0
         while step < len(self._plan):
             with self._changed:
-                while not self._closed and step > self._reached + self._ahead:
+                while not self._closed and self._too_far(step):
                     self._changed.wait()
                 if self._closed:
                     return
@@ -161,9 +170,16 @@ class DiskReadAhead:
                     if self._closed:
                         return
                     self._reads.extend(reads)
+                    self._ahead.append((step, sum(read.nbytes for read in reads)))
+                    self._ahead_bytes += self._ahead[-1][1]
                     self._grow()
                     self._changed.notify_all()
             step += 1
+
+    def _too_far(self, step: int) -> bool:
+        """Whether ``step`` waits: the next batch is always asked for, later ones
+        while under `AHEAD_BYTES` are (called holding ``_changed``)."""
+        return step > self._reached + 1 and self._ahead_bytes >= AHEAD_BYTES
 
     def _reads_of(self, step: int) -> list[_Read]:
         rows = np.unique(self._plan[step])
@@ -175,18 +191,38 @@ class DiskReadAhead:
             short: list[tuple[int, int]] = []
             for start, stop in _ranges(np.sort(addresses), field.row_bytes):
                 start -= start % _PAGE
-                if stop - start <= self._piece // 2:
-                    short.append((start, stop - start))
-                    if len(short) == RANGES_PER_READ:
-                        reads.append(_Read(step, short, sum(n for _, n in short)))
-                        short = []
-                    continue
-                for piece in range(start, stop, self._piece):
-                    length = min(self._piece, stop - piece)
-                    reads.append(_Read(step, [(piece, length)], length))
+                long = stop - start > MERGE_GAP  # a window of blocks: its batches share it
+                parts = self._not_asked(start, stop, field) if long else [(start, stop)]
+                for first, end in parts:
+                    for piece in range(first, end, self._piece):
+                        length = min(self._piece, end - piece)
+                        if length > self._piece // 2:
+                            reads.append(_Read(step, [(piece, length)], length))
+                            continue
+                        short.append((piece, length))
+                        if len(short) == RANGES_PER_READ:
+                            reads.append(_Read(step, short, sum(n for _, n in short)))
+                            short = []
             if short:
                 reads.append(_Read(step, short, sum(n for _, n in short)))
         return reads
+
+    def _not_asked(self, start: int, stop: int, field: MappedRows) -> list[tuple[int, int]]:
+        """The whole `MERGE_GAP` cells over a long range (within ``field``) that
+        were not asked for yet, now marked asked: a block order's batches of one
+        window share their ranges, and each cell is read once."""
+        low, high = field.span
+        parts: list[tuple[int, int]] = []
+        for cell in range(start // MERGE_GAP, (stop - 1) // MERGE_GAP + 1):
+            if cell in self._asked:
+                continue
+            self._asked.add(cell)
+            first, end = max(low, cell * MERGE_GAP), min(high, (cell + 1) * MERGE_GAP)
+            if parts and parts[-1][1] == first:
+                parts[-1] = (parts[-1][0], end)
+            else:
+                parts.append((first, end))
+        return parts
 
     def _grow(self) -> None:
         """Starts readers up to the depth (called holding ``_changed``)."""

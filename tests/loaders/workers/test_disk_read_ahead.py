@@ -1,5 +1,6 @@
 """Read-ahead asks the kernel for the coming batches' rows of on-disk fields."""
 
+import itertools
 import os
 import threading
 import time
@@ -33,9 +34,10 @@ def test_read_ahead_asks_for_the_coming_blocks_as_long_ranges(tmp_path, monkeypa
             time.sleep(0.01)
         ahead.close()
         assert all(start % 4096 == 0 for start, _ in asked)  # madvise wants pages
-        if shuffle == "blocks":  # a batch is one window: 2 blocks, 1 or 2 ranges of 100 rows
+        if shuffle == "blocks":  # a batch is one window: 2 blocks, 1 or 2 ranges of 100 rows,
+            # rounded out to whole 64 KiB cells (one a neighbour asked for is not asked again)
             assert 20 <= len(asked) <= 40, asked
-            assert all(100 << 10 <= length < (200 << 10) + 4096 for _, length in asked), asked
+            assert all(64 << 10 <= length <= (200 + 128) << 10 for _, length in asked), asked
         else:  # 200 random rows of 4,000: gaps under 64 KiB merge them into long ranges
             assert len(asked) >= 20
 
@@ -57,7 +59,26 @@ def test_long_ranges_are_asked_for_in_pieces_the_kernel_reads_whole(tmp_path, mo
     assert all(length <= 64 << 10 for _, length in asked), asked
     pieces = sorted(asked)  # they cover every row, with no gap
     assert pieces[0][0] <= x.ctypes.data and sum(pieces[-1]) >= x.ctypes.data + x.nbytes
-    assert all(start <= sum(before) for before, (start, _) in zip(pieces, pieces[1:]))
+    assert all(start <= sum(before) for before, (start, _) in itertools.pairwise(pieces))
+
+
+def test_a_window_of_blocks_is_asked_for_once_not_once_per_batch(tmp_path, monkeypatch):
+    asked = []
+    monkeypatch.setattr(disk_read_ahead, "_MADVISE", lambda *a: asked.append(a[:2]))
+    monkeypatch.setattr(disk_read_ahead, "_MINCORE", None)
+    monkeypatch.setattr(disk_read_ahead, "read_window", lambda address: 8 << 20)
+    np.save(tmp_path / "x.npy", np.zeros((4000, 1024), np.uint8))
+    x = np.load(tmp_path / "x.npy", mmap_mode="r")
+    # Windows of 4 blocks of 100 rows, batches of 100: each batch spans its window's 4 blocks.
+    sampler = Sampler(4000, 100, shuffle="blocks", block_rows=100, window_blocks=4)
+    plan = [i for i, _ in sampler.epoch_plan(0)]
+    ahead = DiskReadAhead(mapped_rows([x]), plan)
+    deadline = time.monotonic() + 10
+    while sum(n for _, n in asked) < x.nbytes and time.monotonic() < deadline:
+        time.sleep(0.01)
+    ahead.close()
+    # Once, plus the 64 KiB cells at the ends of ranges, which neighbours share: not 4 times.
+    assert x.nbytes <= sum(n for _, n in asked) < 1.5 * x.nbytes
 
 
 @pytest.fixture(scope="module")
