@@ -116,15 +116,15 @@ class DiskReadAhead:
         self._closed = False
         self._reads: collections.deque[_Read] = collections.deque()
         self._threads: list[threading.Thread] = []
+        self._asked: set[int] = set()  # `MERGE_GAP` cells of long ranges asked for
+        self._ahead: collections.deque[tuple[int, int]] = collections.deque()  # (step, bytes)
+        self._ahead_bytes = 0
         self.depth = depth
         if not self._fields or _MADVISE is None or not len(plan):
             return
         self._piece = min([READ_BYTES, *(read_window(int(f.bases[0])) for f in self._fields)])
         ceiling = min(MAX_READERS, max(1, AHEAD_BYTES // self._piece))
         self.depth = depth or ReadDepth(ceiling=ceiling)
-        self._asked: set[int] = set()  # `MERGE_GAP` cells of long ranges asked for
-        self._ahead: collections.deque[tuple[int, int]] = collections.deque()  # (step, bytes)
-        self._ahead_bytes = 0
         self._start(self._plan_reads, "jaxfeed-read-ahead")
 
     @property

@@ -153,3 +153,12 @@ def test_read_ahead_threads_stop_on_close(on_disk):
     ahead.close()
     assert threads and not any(t.is_alive() for t in threads)
     assert not _read_ahead_threads()
+
+
+def test_without_mapped_fields_it_starts_nothing():
+    plan = [i for i, _ in Sampler(1000, 100).epoch_plan(0)]
+    ahead = DiskReadAhead(mapped_rows([np.zeros((1000, 4))]), plan)  # in memory
+    for step in range(len(plan)):
+        ahead.reached(step)
+    ahead.close()
+    assert not ahead.threads
