@@ -141,7 +141,7 @@ class DiskReadAhead:
             self._changed.notify_all()
 
     def close(self) -> None:
-        """Stops every thread (a reader finishes the range it is faulting in)."""
+        """Stops every thread (a reader first finishes the call it is in)."""
         with self._changed:
             self._closed = True
             self._reads.clear()
