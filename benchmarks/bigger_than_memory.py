@@ -223,6 +223,10 @@ def _run_one(data: Path, cache: Path, backend: str, order: str, temperature: str
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def _load(averages: tuple[float, ...]) -> str:
+    return ", ".join(f"{a:.1f}" for a in averages)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dir", default="/tmp/jaxfeed-big", help="where the datasets are written")
@@ -250,13 +254,21 @@ def main() -> None:
     with open("/proc/meminfo") as meminfo:
         ram = int(meminfo.readline().split()[1]) * 1024
     root = Path(args.dir)
+    load_before = os.getloadavg()
     results, lines = [], []
     for rows in [int(r) for r in args.rows.split(",")]:
         data = write_dataset(root / f"rows-{_count(rows)}", rows)
         size = sum(f.stat().st_size for f in data.glob("*.npy"))
         evict(list(data.glob("*.npy")))
         limits = disk_limits(data / "image.npy", args.limit_seconds)
-        print(f"{_count(rows)} rows, {size / 2**30:.1f} GiB (RAM {ram / 2**30:.0f} GiB): {limits}")
+        line = (
+            f"{_count(rows)} rows, {size / 2**30:.1f} GiB (RAM {ram / 2**30:.0f} GiB); the disk's "
+            f"limits, O_DIRECT: sequential {limits['sequential_MBps']:,.0f} MB/s, random 4 KiB "
+            f"{limits['random_4k_iops_1']:,.0f} IOPS with 1 reader, "
+            f"{limits['random_4k_iops_32']:,.0f} with 32"
+        )
+        print(line, flush=True)
+        lines.append(line)
         temperatures = ["cold"] + (["warm"] if size < ram / 2 else [])
         for backend in args.backends.split(","):
             cache = root / "cache"
@@ -289,8 +301,9 @@ def main() -> None:
         os.sync()
         (wide / "complete").touch()
     slices = {"rows of 256 KiB": process_slices(wide, 8)}
-    smallest = root / f"rows-{_count(min(int(r) for r in args.rows.split(',')))}"
-    if smallest.exists():
+    smallest_rows = min(int(r) for r in args.rows.split(","))
+    smallest = root / f"rows-{_count(smallest_rows)}"
+    if smallest.exists() and smallest_rows * ROW_BYTES < ram / 2:  # else: an epoch of random reads
         slices["rows of 788 B"] = process_slices(smallest, 512)
     for what, got in slices.items():
         line = f"2 processes, {what}: each fetched {got['fraction_read']} of the files"
@@ -299,9 +312,15 @@ def main() -> None:
     internal = ("measure", "data", "backend", "order", "temperature", "read_slice", "process",
                 "batch")  # fmt: skip
     shown = argparse.Namespace(**{k: v for k, v in vars(args).items() if k not in internal})
+    load = {"load_average_1_5_15_before": load_before, "load_average_1_5_15_after": os.getloadavg()}
     out = write_record("bigger-than-memory", shown, results, ram_bytes=ram, cpus=os.cpu_count(),
-                       process_slices=slices)  # fmt: skip
-    out.with_suffix(".txt").write_text("\n".join(lines) + "\n")
+                       process_slices=slices, **load)  # fmt: skip
+    header = (
+        f"Load average (1, 5, 15 min) {_load(load_before)} at the start, "
+        f"{_load(os.getloadavg())} at the end, on {os.cpu_count()} CPUs"
+        + (": a LOADED machine, other work ran beside it" if load_before[0] > 1 else "")
+    )
+    out.with_suffix(".txt").write_text("\n".join([header, *lines]) + "\n")
 
 
 if __name__ == "__main__":

@@ -8,8 +8,10 @@
 - `record_pool`: the numpy and hf backends' transform worker processes.
 - `shared_batches`: finished batches handed back as files in shared memory.
 - `read_ahead`: one thread body reading an iterator into a bounded queue.
-- `disk_read_ahead`: a thread asking the kernel for the coming rows of
-  memory-mapped fields.
+- `disk_read_ahead`: threads reading the coming rows of memory-mapped
+  fields into the page cache.
+- `read_depth`: how many of those reads to keep outstanding, from the
+  throughput they reach.
 - `mapped_files`: where a memory-mapped field lies, the kernel's read
   advice, and an on-disk field pickled as where it lies.
 - `torch_epochs`: torch DataLoaders serving epochs, their workers watched.

@@ -1,22 +1,35 @@
 """Read-ahead that keeps the disk busy for a dataset bigger than memory.
 
 A backend reading memory-mapped rows waits for each page fault in turn. A
-thread walks the epoch's index plan up to `AHEAD_BYTES` ahead of the reader
-and asks the kernel to start reading the coming batches' rows
-(``madvise(WILLNEED)`` on the mapped rows returns at once; the reads fill the
-page cache meanwhile, which torch and Grain worker processes share). The
-rows may lie in several mapped chunks (`MappedRows`): hf reads its Arrow
-copy, chunk by chunk, not the dataset's files. Rows closer than
-`MERGE_GAP` bytes are asked for as one range, so a block order's batch
-becomes a few long reads; a full permutation's rows are asked for one by one,
-which keeps many reads in flight (with ``MADV_RANDOM``, measured on 36M rows
-bigger than memory: 92,000 random rows/s with hints 4 batches ahead, 16,600
-without). A batch whose sampled rows are in memory already is skipped, so a
-warm dataset costs a few ``mincore`` calls per batch.
+planner thread walks the epoch's index plan up to `AHEAD_BYTES` ahead of the
+reader and turns each coming batch's rows into page ranges: rows closer than
+`MERGE_GAP` bytes are one range, so a block order's batch becomes a few long
+ranges and a full permutation's rows many short ones (grouped
+`RANGES_PER_READ` to a read). Reader threads take the reads in order and ask
+the kernel for them (``madvise(MADV_WILLNEED)``, which starts the reads and
+returns once they are queued; the page cache it fills is shared with torch
+and Grain worker processes).
+
+Two things are measured, not assumed. The kernel reads at most its
+read-ahead window per ``MADV_WILLNEED`` (``read_ahead_kb`` of the file's
+device: 8 MiB on one disk, 128 KiB by default; a 16 MiB range asked for at
+once came in half), so long ranges are cut into pieces of that window
+(`mapped_files.read_window`), at most `READ_BYTES`. And one thread asking
+stalls while the kernel queues its reads (measured cold on this machine:
+1.1 GB/s from one thread asking 4 MiB pieces, 1.8 GB/s from two; 75k random
+pages/s from one, 92k from four), so the number of readers is set by
+`ReadDepth` from the throughput they reach, up to `MAX_READERS` and to
+``AHEAD_BYTES`` over the piece: a slow disk gets a few, a fast one as many
+as raise its rate. The rows may lie in several mapped chunks (`MappedRows`):
+hf reads its Arrow copy, chunk by chunk, not the dataset's files. A batch
+whose sampled rows are in memory already is skipped, so a warm dataset costs
+a few ``mincore`` calls per batch, and a read for a batch the reader has
+passed is dropped.
 """
 
 from __future__ import annotations
 
+import collections
 import ctypes
 import mmap
 import threading
@@ -25,12 +38,20 @@ from typing import NamedTuple
 
 import numpy as np
 from jaxfeed.loaders.workers.mapped_files import MADVISE as _MADVISE
-from jaxfeed.loaders.workers.mapped_files import file_rows, libc_function
+from jaxfeed.loaders.workers.mapped_files import file_rows, libc_function, read_window
+from jaxfeed.loaders.workers.read_depth import ReadDepth
 
 AHEAD_BYTES = 256 << 20
-"""How far ahead of the reader rows are asked for (at least one batch)."""
+"""How far ahead of the reader rows are asked for (at least one batch); also
+the bound on the bytes of the reads outstanding."""
 MERGE_GAP = 64 << 10
 """Rows this close together are read as one range."""
+READ_BYTES = 8 << 20
+"""The longest piece one reader asks for at once (the read-ahead window may cap it)."""
+RANGES_PER_READ = 64
+"""Short ranges (a full permutation's rows) one reader asks for, one call each."""
+MAX_READERS = 64
+"""The most reader threads (reads queued at once)."""
 _PROBES = 8  # rows of a batch checked for residency before it is asked for
 _PAGE = mmap.PAGESIZE
 
@@ -49,6 +70,12 @@ class MappedRows(NamedTuple):
     def addresses(self, rows: np.ndarray) -> np.ndarray:
         return self.bases[rows // self.chunk_rows] + (rows % self.chunk_rows) * self.row_bytes
 
+    @property
+    def span(self) -> tuple[int, int]:
+        """The page-aligned addresses its rows lie within."""
+        low = int(self.bases.min())
+        return low - low % _PAGE, int(self.bases.max()) + self.chunk_rows * self.row_bytes
+
 
 def mapped_rows(arrays: Sequence[np.ndarray]) -> list[MappedRows]:
     """The layouts of the fields among ``arrays`` that are mapped from files."""
@@ -59,65 +86,166 @@ def mapped_rows(arrays: Sequence[np.ndarray]) -> list[MappedRows]:
     ]
 
 
+class _Read(NamedTuple):
+    step: int  # the batch it is for
+    ranges: list[tuple[int, int]]  # page-aligned (start, length)
+    nbytes: int
+
+
 class DiskReadAhead:
-    """Asks for the rows of ``plan[i + 1 :]`` (up to `AHEAD_BYTES`) while the
-    reader is at batch ``i`` (`reached`). A no-op without mapped fields.
+    """Reads the rows of ``plan[i + 1 :]`` (up to `AHEAD_BYTES`) into the page
+    cache while the reader is at batch ``i`` (`reached`). A no-op without
+    mapped fields.
 
     Args:
       fields: where the fields' rows lie (`mapped_rows`).
       plan: the epoch's index batches, in reading order.
+      depth: sets the reads outstanding (a `ReadDepth` by default).
     """
 
-    def __init__(self, fields: Sequence[MappedRows], plan: Sequence[np.ndarray]):
+    def __init__(
+        self,
+        fields: Sequence[MappedRows],
+        plan: Sequence[np.ndarray],
+        depth: ReadDepth | None = None,
+    ):
         self._fields = list(fields)
         self._plan = plan
         self._reached = -1
         self._changed = threading.Condition()
         self._closed = False
-        self._thread = None
+        self._reads: collections.deque[_Read] = collections.deque()
+        self._threads: list[threading.Thread] = []
+        self._asked: set[int] = set()  # `MERGE_GAP` cells of long ranges asked for
+        self._ahead: collections.deque[tuple[int, int]] = collections.deque()  # (step, bytes)
+        self._ahead_bytes = 0
+        self.depth = depth
         if not self._fields or _MADVISE is None or not len(plan):
             return
-        batch_bytes = len(plan[0]) * sum(field.row_bytes for field in self._fields)
-        self._ahead = max(1, AHEAD_BYTES // max(1, batch_bytes))
-        self._thread = threading.Thread(target=self._run, name="jaxfeed-read-ahead", daemon=True)
-        self._thread.start()
+        self._piece = min([READ_BYTES, *(read_window(int(f.bases[0])) for f in self._fields)])
+        ceiling = min(MAX_READERS, max(1, AHEAD_BYTES // self._piece))
+        self.depth = depth or ReadDepth(ceiling=ceiling)
+        self._start(self._plan_reads, "jaxfeed-read-ahead")
+
+    @property
+    def threads(self) -> list[threading.Thread]:
+        """The planner and the readers started so far."""
+        return list(self._threads)
 
     def reached(self, step: int) -> None:
         """The reader is at batch ``step`` of the plan."""
         with self._changed:
             self._reached = step
-            self._changed.notify()
+            while self._ahead and self._ahead[0][0] <= step:
+                self._ahead_bytes -= self._ahead.popleft()[1]
+            self._changed.notify_all()
 
     def close(self) -> None:
+        """Stops every thread (a reader first finishes the call it is in)."""
         with self._changed:
             self._closed = True
-            self._changed.notify()
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
+            self._reads.clear()
+            self._changed.notify_all()
+        for thread in self._threads:
+            thread.join()
+        self._threads.clear()
 
-    def _run(self) -> None:
+    def _start(self, target, name: str, *args) -> None:
+        thread = threading.Thread(target=target, args=args, name=name, daemon=True)
+        self._threads.append(thread)
+        thread.start()
+
+    def _plan_reads(self) -> None:
         step = 0
         while step < len(self._plan):
             with self._changed:
-                while not self._closed and step > self._reached + self._ahead:
+                while not self._closed and self._too_far(step):
                     self._changed.wait()
                 if self._closed:
                     return
                 step = max(step, self._reached + 1)  # never ask for what was read
             if step < len(self._plan):
-                self._ask(self._plan[step])
+                reads = self._reads_of(step)
+                with self._changed:
+                    if self._closed:
+                        return
+                    self._reads.extend(reads)
+                    self._ahead.append((step, sum(read.nbytes for read in reads)))
+                    self._ahead_bytes += self._ahead[-1][1]
+                    self._grow()
+                    self._changed.notify_all()
             step += 1
 
-    def _ask(self, indices: np.ndarray) -> None:
-        rows = np.unique(indices)
+    def _too_far(self, step: int) -> bool:
+        """Whether ``step`` waits: the next batch is always asked for, later ones
+        while under `AHEAD_BYTES` are (called holding ``_changed``)."""
+        return step > self._reached + 1 and self._ahead_bytes >= AHEAD_BYTES
+
+    def _reads_of(self, step: int) -> list[_Read]:
+        rows = np.unique(self._plan[step])
+        reads = []
         for field in self._fields:
             addresses = field.addresses(rows)
             if _resident(addresses, field.row_bytes):
                 continue
+            short: list[tuple[int, int]] = []
             for start, stop in _ranges(np.sort(addresses), field.row_bytes):
-                aligned = start - start % _PAGE
-                _MADVISE(aligned, stop - aligned, mmap.MADV_WILLNEED)
+                start -= start % _PAGE
+                long = stop - start > MERGE_GAP  # a window of blocks: its batches share it
+                parts = self._not_asked(start, stop, field) if long else [(start, stop)]
+                for first, end in parts:
+                    for piece in range(first, end, self._piece):
+                        length = min(self._piece, end - piece)
+                        if length > self._piece // 2:
+                            reads.append(_Read(step, [(piece, length)], length))
+                            continue
+                        short.append((piece, length))
+                        if len(short) == RANGES_PER_READ:
+                            reads.append(_Read(step, short, sum(n for _, n in short)))
+                            short = []
+            if short:
+                reads.append(_Read(step, short, sum(n for _, n in short)))
+        return reads
+
+    def _not_asked(self, start: int, stop: int, field: MappedRows) -> list[tuple[int, int]]:
+        """The whole `MERGE_GAP` cells over a long range (within ``field``) that
+        were not asked for yet, now marked asked: a block order's batches of one
+        window share their ranges, and each cell is read once."""
+        low, high = field.span
+        parts: list[tuple[int, int]] = []
+        for cell in range(start // MERGE_GAP, (stop - 1) // MERGE_GAP + 1):
+            if cell in self._asked:
+                continue
+            self._asked.add(cell)
+            first, end = max(low, cell * MERGE_GAP), min(high, (cell + 1) * MERGE_GAP)
+            if parts and parts[-1][1] == first:
+                parts[-1] = (parts[-1][0], end)
+            else:
+                parts.append((first, end))
+        return parts
+
+    def _grow(self) -> None:
+        """Starts readers up to the depth (called holding ``_changed``)."""
+        while len(self._threads) - 1 < self.depth.depth:
+            self._start(self._read, "jaxfeed-read-ahead-reader", len(self._threads) - 1)
+
+    def _read(self, me: int) -> None:
+        """Reader ``me``: asks for the waiting reads while ``me`` is under the depth."""
+        while True:
+            with self._changed:
+                while not self._closed and (me >= self.depth.depth or not self._reads):
+                    self._changed.wait()
+                if self._closed:
+                    return
+                read = self._reads.popleft()
+                if read.step <= self._reached:
+                    continue  # the reader got there first
+            for start, length in read.ranges:
+                _MADVISE(start, length, mmap.MADV_WILLNEED)
+            with self._changed:
+                self.depth.done(read.nbytes, backlog=bool(self._reads))
+                self._grow()
+                self._changed.notify_all()
 
 
 def _resident(addresses: np.ndarray, row_bytes: int) -> bool:

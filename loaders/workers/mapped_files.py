@@ -25,6 +25,7 @@ __all__ = [
     "from_pickle",
     "libc_function",
     "memmap_of",
+    "read_window",
 ]
 
 
@@ -95,6 +96,29 @@ def advise(array: np.ndarray, random: bool) -> None:
     mapped = memmap_of(array)
     if mapped is not None:
         setattr(mapped, _RANDOM, random)
+
+
+DEFAULT_READ_WINDOW = 128 << 10
+"""The kernel's default read-ahead window (``VM_READAHEAD_PAGES``)."""
+
+
+def read_window(address: int) -> int:
+    """The most bytes the kernel reads ahead at once for the file mapped at
+    ``address``: ``read_ahead_kb`` of its device's backing store, found
+    through ``/proc/self/maps``; `DEFAULT_READ_WINDOW` where it cannot be read
+    (no such file, another system). ``MADV_WILLNEED`` reads no more per call."""
+    try:
+        with open("/proc/self/maps") as maps:
+            for line in maps:
+                span, _, _, device, *_ = line.split(maxsplit=5)
+                low, high = (int(end, 16) for end in span.split("-"))
+                if low <= address < high:
+                    major, minor = (int(part, 16) for part in device.split(":"))
+                    with open(f"/sys/class/bdi/{major}:{minor}/read_ahead_kb") as kb:
+                        return int(kb.read()) << 10 or DEFAULT_READ_WINDOW
+    except (OSError, ValueError):
+        pass
+    return DEFAULT_READ_WINDOW
 
 
 class _Reopen(NamedTuple):
