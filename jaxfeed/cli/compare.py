@@ -39,9 +39,12 @@ def add_compare(commands: argparse._SubParsersAction) -> None:
     compare.add_argument(
         "--workload",
         choices=("copy", "decode"),
-        default="copy",
+        default=None,
         help="copy: decoded digits (what the flags above describe); decode: digits-png, "
-        "decoded and augmented per record in each backend's workers",
+        "or the user's files with --dataset DIR (TFRecord, ArrayRecord, Parquet, image "
+        "folder: 'image' bytes and 'label'), decoded and augmented per record in each "
+        "backend's workers, beside each framework's own reader of those files. Default: "
+        "decode for --dataset DIR of such files, else copy",
     )
     compare.add_argument(
         "--workers",
@@ -110,6 +113,8 @@ def run_compare(args: argparse.Namespace, command: list[str]) -> int:
     names = args.loaders if args.loaders is not None else tuple(registry.everyday())
     for name in names:
         registry.get(name)  # unknown or not installed: a clear error, before any work
+    if args.workload is None:
+        args.workload = "decode" if _holds_files(args.dataset) else "copy"
     chosen = {"copy": _copy_workload, "decode": _decode_workload}[args.workload]
     workload, config, report = chosen(args, tuple(dict.fromkeys(names)))
     mesh = data_mesh(pick_devices(jax.devices(), args.devices))
@@ -151,10 +156,12 @@ def _decode_workload(args: argparse.Namespace, names: tuple[str, ...]) -> tuple[
     from jaxfeed.compare.workloads.decode import report
     from jaxfeed.compare.workloads.decode.workload import DATASET, Decode, DecodeConfig
 
-    if args.plot is not None or args.dataset != "mnist-sample":
+    files = _holds_files(args.dataset)
+    if args.plot is not None or (args.dataset != "mnist-sample" and not files):
         raise ValueError(
-            f"--workload decode reads {DATASET!r} and prints a table; drop "
-            "--dataset and --plot (use --data-dir for the real digits, --json for every figure)"
+            f"--workload decode reads {DATASET!r} or --dataset DIR of TFRecord, ArrayRecord, "
+            "Parquet or an image folder, and prints a table; drop --plot (--json writes every "
+            "figure), and name such a directory or drop --dataset (--data-dir for the real digits)"
         )
     config = DecodeConfig(
         backends=names,
@@ -167,5 +174,17 @@ def _decode_workload(args: argparse.Namespace, names: tuple[str, ...]) -> tuple[
         train_epochs=args.train_epochs,
         max_batches=args.max_batches,
         idioms=not args.no_baselines,
+        dataset=args.dataset if files else DATASET,
     )
     return Decode, config, report
+
+
+def _holds_files(dataset: str) -> bool:
+    """Whether ``--dataset`` is the user's files in a format `own_readers` compares."""
+    from jaxfeed.compare.workloads.decode.own_readers import READERS
+    from jaxfeed.loaders.data.formats import locate
+
+    if dataset == "mnist-sample" or not Path(dataset).exists():
+        return False
+    found = locate(dataset, "train", ("train", "test"))
+    return found is not None and found.format in READERS
