@@ -7,10 +7,12 @@ import importlib
 import importlib.metadata
 import importlib.util
 import os
+from collections.abc import Sequence
 from typing import Any
 
 from jaxfeed.loaders.checks import check_batch_size, check_seed
 from jaxfeed.loaders.data.catalog import DatasetLike, load_dataset
+from jaxfeed.loaders.host_fields import HostFieldSource, split_host_fields
 from jaxfeed.loaders.protocol import BatchSource
 from jaxfeed.loaders.sampler import Sampler, default_block_rows
 from jaxfeed.loaders.transform import RecordFn, RecordTransform
@@ -171,6 +173,7 @@ def make(
     window_blocks: int | None = None,
     transform: RecordFn | None = None,
     format: str | None = None,
+    host_fields: Sequence[str] = (),
     **backend_options: Any,
 ) -> BatchSource:
     """A `BatchSource` reading ``dataset``/``split`` through ``backend``.
@@ -213,6 +216,11 @@ def make(
       format: what the files hold (``"tfrecord"``, ``"arrayrecord"``,
         ``"parquet"``, ``"arrow"``, ``"imagefolder"``, ``"tfds"``, ``"hf"``);
         None: detected from the files.
+      host_fields: fields kept on the host, never placed on a device (e.g. a
+        text column: ``("text",)``): each batch carries their rows as numpy
+        (``bytes`` fields as object arrays of ``bytes``), in the shared order,
+        outside ``element_spec`` and ``transform`` (see
+        `jaxfeed.loaders.host_fields`).
       **backend_options: passed to the backend (e.g. ``num_workers``).
 
     Returns:
@@ -266,7 +274,13 @@ def make(
             f"the {backend} backend got unknown option(s) {unknown}; "
             f"it takes {list(module.OPTIONS)}"
         )
+    host: dict = {}
+    if host_fields:
+        if backend_options.get("order", "sampler") != "sampler":
+            raise ValueError("host_fields follow the shared sampler's order; drop order=")
+        data, host = split_host_fields(data, host_fields)
     transform = data.transform if transform is None else transform
     if transform is not None:
         backend_options["transform"] = RecordTransform(transform, seed, data)
-    return module.build(data, sampler, **backend_options)
+    source = module.build(data, sampler, **backend_options)
+    return HostFieldSource(source, host, sampler) if host else source
