@@ -64,6 +64,11 @@ class ArrayDataset(Mapping[str, np.ndarray]):
     """The class names of a labelled dataset read from files (an image folder's
     subdirectories, a TFDS or HF ``ClassLabel``), by label; () when unknown."""
 
+    units: tuple[int, ...] = ()
+    """The rows of each unit a dataset read from files came from, in order (a
+    TFRecord/ArrayRecord shard, a Parquet row group, an Arrow record batch):
+    ``shuffle="blocks"`` keeps its blocks inside them; () when none."""
+
     def __init__(self, name: str, arrays: Mapping[str, np.ndarray], transform: Any = None):
         if not isinstance(arrays, Mapping):
             raise TypeError(

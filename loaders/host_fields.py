@@ -48,7 +48,7 @@ def split_host_fields(
             f"host_fields={tuple(names)!r} leave no field of {data.name} for the device"
         )
     rest = ArrayDataset(data.name, kept, transform=data.transform)
-    rest.classes = data.classes
+    rest.classes, rest.units = data.classes, data.units
     return rest, {n: data.arrays[n] for n in dict.fromkeys(names)}
 
 

@@ -198,7 +198,8 @@ def make(
         than memory: blocks of ``block_rows`` contiguous rows (default: about
         1 MiB of rows) in a random order, with the rows of each
         ``window_blocks`` consecutive blocks (default 16) shuffled together,
-        so reads are long and contiguous (see docs/data.md). ``False``:
+        so reads are long and contiguous (see docs/data.md). For your files,
+        no block straddles two shards or Parquet row groups. ``False``:
         dataset order.
       drop_remainder: drop the last partial batch instead of padding it.
       data_dir: directory holding the IDX files (else resolved; see docs/data.md).
@@ -264,6 +265,8 @@ def make(
             process_count=process_count,
             block_rows=block_rows,
             window_blocks=window_blocks,
+            # Blocks follow the files / row groups the rows were read from.
+            units=(data.units or None) if shuffle == "blocks" else None,
         )
     except ValueError as err:  # the sampler knows sizes, not names: say which split
         raise ValueError(f"dataset {data.name.rsplit('/', 1)[0]}, {split} split: {err}") from None
