@@ -69,6 +69,10 @@ class ArrayDataset(Mapping[str, np.ndarray]):
     TFRecord/ArrayRecord shard, a Parquet row group, an Arrow record batch):
     ``shuffle="blocks"`` keeps its blocks inside them; () when none."""
 
+    record_files: tuple[tuple[str, ...], bool] | None = None
+    """For a dataset read from ArrayRecord files: ``(the files in order,
+    whether they hold Examples)``, which the grain backend reads in place."""
+
     def __init__(self, name: str, arrays: Mapping[str, np.ndarray], transform: Any = None):
         if not isinstance(arrays, Mapping):
             raise TypeError(

@@ -44,6 +44,10 @@ def load_files(found: Found, split: str) -> ArrayDataset:
     dataset = ArrayDataset(f"{found.name}/{split}", fields)
     dataset.classes = tuple(description.get("classes", ()))
     dataset.units = tuple(description.get("units", ()))
+    if (found.record_format or found.format) == "arrayrecord":
+        _, _, first = next(arrayrecord.arrayrecord_records(found.files[0]))
+        files = tuple(str(p) for p in found.files)
+        dataset.record_files = (files, arrayrecord.holds_examples(first))
     return dataset
 
 
