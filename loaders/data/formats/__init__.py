@@ -55,21 +55,24 @@ def _entry(found: Found, split: str) -> Path:
     digest = hashlib.sha1(repr((found.format, found.record_format, found.classes, split)).encode())
     for path in _content_files(found):
         stat = os.stat(path)
-        where = (str(path.resolve()), stat.st_ino, stat.st_dev)
+        where = (str(path), stat.st_ino, stat.st_dev)  # resolved paths: see _content_files
         digest.update(repr((*where, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns)).encode())
     slug = re.sub(r"[^a-z0-9]+", "-", f"{found.name}-{split}".lower()).strip("-")[-40:]
     return cache_root() / "formats" / f"{slug}-{LAYOUT_VERSION}-{digest.hexdigest()[:16]}"
 
 
 def _content_files(found: Found) -> Iterator[Path]:
+    """The files whose identity keys the copy, by resolved path (an image
+    folder's directory resolved once, not each of its files: a resolve per
+    file cost as much as reading it)."""
     if found.format != "imagefolder":
-        yield from found.files
+        yield from (path.resolve() for path in found.files)
         return
-    for directory in found.files:
+    for directory in (path.resolve() for path in found.files):
         for name in found.classes:
             if (directory / name).is_dir():
                 yield directory / name
-                yield from sorted(p for p in (directory / name).rglob("*") if p.is_file())
+                yield from imagefolder.files_in(directory / name)
 
 
 def _write(found: Found, scratch: Path) -> None:
