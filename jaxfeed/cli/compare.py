@@ -159,9 +159,10 @@ def _decode_workload(args: argparse.Namespace, names: tuple[str, ...]) -> tuple[
     files = _holds_files(args.dataset)
     if args.plot is not None or (args.dataset != "mnist-sample" and not files):
         raise ValueError(
-            f"--workload decode reads {DATASET!r} or --dataset DIR of TFRecord, ArrayRecord, "
-            "Parquet or an image folder, and prints a table; drop --plot (--json writes every "
-            "figure), and name such a directory or drop --dataset (--data-dir for the real digits)"
+            f"--workload decode reads {DATASET!r}, or --dataset DIR of your TFRecord, "
+            "ArrayRecord, Parquet or image-folder files, and prints a table; otherwise "
+            "drop --dataset and --plot (use --data-dir for the real digits, --json for every "
+            "figure)"
         )
     config = DecodeConfig(
         backends=names,
