@@ -14,6 +14,7 @@ from jaxfeed.cli.args import (
     DEVICES_HELP,
     check_writable,
     loader_list,
+    non_negative,
     pick_devices,
     positive,
     seed,
@@ -68,7 +69,12 @@ def add_compare(commands: argparse._SubParsersAction) -> None:
     compare.add_argument(
         "--warmup", type=int, default=1, help="untimed warm-up passes (<= 16 batches each)"
     )
-    compare.add_argument("--train-epochs", type=positive, default=2, help="epochs per repeat")
+    compare.add_argument(
+        "--train-epochs",
+        type=non_negative,
+        default=2,
+        help="epochs per repeat; 0 (--workload decode): loader figures only, no training",
+    )
     compare.add_argument(
         "--max-batches",
         type=positive,
@@ -134,6 +140,8 @@ def _copy_workload(args: argparse.Namespace, names: tuple[str, ...]) -> tuple[ty
 
     if args.workers is not None:
         raise ValueError("--workers is for --workload decode; the copy workload has no workers")
+    if args.train_epochs == 0:
+        raise ValueError("--train-epochs 0 is for --workload decode; the copy workload trains")
     config = CopyConfig(
         backends=names,
         dataset=args.dataset,
