@@ -12,7 +12,9 @@ PNG), 0 workers, one epoch after a warm-up epoch. Run:
 
 from __future__ import annotations
 
+import itertools
 import json
+import math
 import os
 import platform
 import sys
@@ -24,12 +26,6 @@ import numpy as np
 
 RESULTS = Path(__file__).parent / "results"
 BATCH = 128
-
-
-def augment_image(record, rng):
-    from jaxfeed.loaders.data.encoded import augment
-
-    return augment({"png": record["image"], "label": record["label"]}, rng)
 
 
 def _write(root: Path, png: list[bytes], labels: np.ndarray) -> dict[str, Path]:
@@ -71,68 +67,15 @@ def _rate(batches) -> float:
     return rows / (time.perf_counter() - start)
 
 
-def _native(name: str, path: Path, n: int):
-    """Each framework's own reader of ``path``, the same augment per record."""
-    rng = np.random.default_rng(0)
-    if name == "tfrecord":
-        import tensorflow as tf
+def _native(path: Path, n: int):
+    """One epoch of the format's framework's own reader of ``path``, the same
+    augment per record (`jaxfeed.compare.workloads.decode.own_readers`)."""
+    from jaxfeed.loaders.data.formats import locate
 
-        spec = {
-            "image": tf.io.FixedLenFeature([], tf.string),
-            "label": tf.io.FixedLenFeature([], tf.int64),
-        }
+    from jaxfeed.compare.workloads.decode.own_readers import own_reader
 
-        def py(image, label):
-            out = augment_image({"image": image, "label": label}, rng)
-            return out["image"], out["label"]
-
-        def parse(record):
-            row = tf.io.parse_single_example(record, spec)
-            return tf.numpy_function(py, [row["image"], row["label"]], (tf.float32, tf.int32))
-
-        ds = tf.data.TFRecordDataset(str(path / "train.tfrecord")).map(parse).batch(BATCH)
-        return ({"label": label.numpy()} for _, label in ds)
-    if name == "arrayrecord":
-        import grain
-        from jaxfeed.loaders.data.formats.example import parse_example
-
-        source = grain.sources.ArrayRecordDataSource([str(path / "train.array_record")])
-
-        def decode(record):
-            row = parse_example(record)
-            return augment_image({"image": row["image"][1][0], "label": row["label"][1][0]}, rng)
-
-        return iter(grain.MapDataset.source(source).map(decode).batch(BATCH))
-    if name == "parquet":
-        import datasets
-
-        ds = datasets.load_dataset("parquet", data_files=str(path / "train.parquet"), split="train")
-
-        def transform(batch):
-            outs = [
-                augment_image({"image": i, "label": lab}, rng)
-                for i, lab in zip(batch["image"], batch["label"], strict=True)
-            ]
-            return {"label": [o["label"] for o in outs]}
-
-        ds = ds.with_transform(transform)
-        return ({"label": ds[i : i + BATCH]["label"]} for i in range(0, n, BATCH))
-    import torch.utils.data as torch_data
-
-    files = sorted(path.rglob("*.png"))
-
-    class Folder(torch_data.Dataset):
-        def __len__(self):
-            return len(files)
-
-        def __getitem__(self, i):
-            out = augment_image(
-                {"image": files[i].read_bytes(), "label": int(files[i].parent.name)}, rng
-            )
-            return out["image"], out["label"]
-
-    loader = torch_data.DataLoader(Folder(), batch_size=BATCH)
-    return ({"label": label} for _, label in loader)
+    found = locate(path, "train", ("train", "test"))
+    return itertools.islice(own_reader(found, BATCH, 0), math.ceil(n / BATCH))
 
 
 def main() -> None:
@@ -140,6 +83,7 @@ def main() -> None:
     from jaxfeed.loaders.data.encoded import digits_png
 
     from jaxfeed import loaders
+    from jaxfeed.compare.workloads.decode.own_readers import augment_image
 
     data = digits_png("train")
     png, labels = list(data["png"][np.arange(len(data))]), np.asarray(data["label"])
@@ -159,8 +103,8 @@ def main() -> None:
                 )
                 _rate(source.iter_epoch(0))
                 row[f"jaxfeed_{backend}"] = _rate(source.iter_epoch(1))
-            _rate(_native(name, path, len(png)))
-            row["native"] = _rate(_native(name, path, len(png)))
+            _rate(_native(path, len(png)))
+            row["native"] = _rate(_native(path, len(png)))
             rows.append(row)
             print(json.dumps(row), flush=True)
     load = os.getloadavg()

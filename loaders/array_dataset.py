@@ -64,6 +64,15 @@ class ArrayDataset(Mapping[str, np.ndarray]):
     """The class names of a labelled dataset read from files (an image folder's
     subdirectories, a TFDS or HF ``ClassLabel``), by label; () when unknown."""
 
+    units: tuple[int, ...] = ()
+    """The rows of each unit a dataset read from files came from, in order (a
+    TFRecord/ArrayRecord shard, a Parquet row group, an Arrow record batch):
+    ``shuffle="blocks"`` keeps its blocks inside them; () when none."""
+
+    record_files: tuple[tuple[str, ...], bool] | None = None
+    """For a dataset read from ArrayRecord files: ``(the files in order,
+    whether they hold Examples)``, which the grain backend reads in place."""
+
     def __init__(self, name: str, arrays: Mapping[str, np.ndarray], transform: Any = None):
         if not isinstance(arrays, Mapping):
             raise TypeError(

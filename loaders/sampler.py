@@ -11,7 +11,11 @@ one random read per row when the data is on disk) or a block one
 (``shuffle="blocks"``: contiguous blocks of rows in a random order, and the
 rows shuffled within each window of consecutive blocks, so a reader touches
 few, long, contiguous runs at a time: disk-speed reads of data bigger than
-memory, at the price of batches drawn from one window's blocks).
+memory, at the price of batches drawn from one window's blocks). Blocks can
+follow the data's own units (``units``: the rows of each file, row group or
+record batch it was read from, in order): no block then straddles two units,
+and a unit longer than ``block_rows`` is cut into blocks of ``block_rows``
+within it, so reading a block is one run inside one shard.
 """
 
 from __future__ import annotations
@@ -48,6 +52,9 @@ class Sampler:
       block_rows: rows per block, for ``shuffle="blocks"`` only (required there).
       window_blocks: consecutive blocks (in their shuffled order) whose rows
         are shuffled together, for ``shuffle="blocks"`` only.
+      units: the rows of each unit the data was read from (a file, a Parquet
+        row group), summing to ``num_examples``; with ``shuffle="blocks"``,
+        blocks stay inside units. None: one unit, the whole split.
       drop_remainder: drop the last partial global batch; otherwise pad it.
       process_index: this process, in ``[0, process_count)``.
       process_count: number of processes sharing the epoch.
@@ -68,6 +75,7 @@ class Sampler:
     process_count: int = 1
     block_rows: int | None = None
     window_blocks: int | None = None
+    units: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         self._check_shuffle()
@@ -112,6 +120,14 @@ class Sampler:
         window = self.window_blocks if self.window_blocks is not None else DEFAULT_WINDOW_BLOCKS
         object.__setattr__(self, "block_rows", block_rows)
         object.__setattr__(self, "window_blocks", check_int("window_blocks", window, 1))
+        if self.units is not None:
+            units = tuple(int(u) for u in self.units)
+            if sum(units) != self.num_examples or min(units, default=0) < 1:
+                raise ValueError(
+                    f"units {units[:8]}... must be positive row counts summing to "
+                    f"num_examples={self.num_examples}, got a sum of {sum(units)}"
+                )
+            object.__setattr__(self, "units", units)
 
     @property
     def global_batch_size(self) -> int:
@@ -148,18 +164,36 @@ class Sampler:
         """Whole blocks in a random order, then each window of ``window_blocks``
         consecutive blocks' rows shuffled among themselves. Built in place: one
         int64 per row at the peak (288 MB for 36M rows), no temporaries."""
-        n, rows_per_block = self.num_examples, self.block_rows
-        starts = rng.permutation(-(-n // rows_per_block)) * rows_per_block
+        n = self.num_examples
+        starts, stops = self.blocks()
+        shuffled = rng.permutation(len(starts))
         order = np.empty(n, dtype=np.int64)
         at = 0
-        for window in range(0, len(starts), self.window_blocks):
+        for window in range(0, len(shuffled), self.window_blocks):
             begin = at
-            for start in starts[window : window + self.window_blocks].tolist():
-                stop = min(start + rows_per_block, n)
+            for block in shuffled[window : window + self.window_blocks].tolist():
+                start, stop = int(starts[block]), int(stops[block])
                 order[at : at + stop - start] = np.arange(start, stop)
                 at += stop - start
             rng.shuffle(order[begin:at])  # in place, a view
         return order
+
+    def blocks(self) -> tuple[np.ndarray, np.ndarray]:
+        """The first row and the end of each block of ``shuffle="blocks"``,
+        in data order: every ``block_rows`` rows of each unit."""
+        assert self.block_rows is not None, "blocks are those of shuffle='blocks'"
+        units = self.units if self.units is not None else (self.num_examples,)
+        ends = np.cumsum(units)
+        starts = np.concatenate(
+            [
+                np.arange(end - rows, end, self.block_rows)
+                for end, rows in zip(ends, units, strict=True)
+            ]
+        )
+        return starts, np.minimum(
+            starts + self.block_rows,
+            np.repeat(ends, [-(-rows // self.block_rows) for rows in units]),
+        )
 
     def num_valid(self, step: int) -> int:
         """The real rows of this process's batch ``step`` of any epoch (the

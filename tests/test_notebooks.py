@@ -174,6 +174,12 @@ def _check_your_data(out: str, nb: nbformat.NotebookNode) -> None:
     # The third try gives a WrappedSource (the tries' own labels also hold the words).
     assert re.search(r"^  -> WrappedSource\(.*, host_fields=\('text',\)\)$", out, re.M)
     assert "tokens after pad_to: int32 (64, 128), identical to make's in every batch: True" in out
+    # 7. The user's files: every format and backend gives the same batches; convert.
+    formats = re.findall(r"^(image folder|TFRecord shards|Parquet) +64 rows", out, re.M)
+    assert formats == ["image folder", "TFRecord shards", "Parquet"]
+    assert "same batches from every format on numpy, grain and torch: True" in out
+    assert "jaxfeed convert wrote: ['arrayrecord/train/00000-of-00002.array_record'" in out
+    assert "(source='files', Grain's ArrayRecordDataSource): same batches: True" in out
     assert "the loader's batches have a field 'mask', the name wrap gives its row mask" in out
     assert "'attention_mask': 'bool (64, 128)'" in out
     # DeviceFeed: global arrays sharded P("data") on 1 and 4 devices; host fields stay numpy.

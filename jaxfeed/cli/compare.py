@@ -14,6 +14,7 @@ from jaxfeed.cli.args import (
     DEVICES_HELP,
     check_writable,
     loader_list,
+    non_negative,
     pick_devices,
     positive,
     seed,
@@ -39,9 +40,12 @@ def add_compare(commands: argparse._SubParsersAction) -> None:
     compare.add_argument(
         "--workload",
         choices=("copy", "decode"),
-        default="copy",
+        default=None,
         help="copy: decoded digits (what the flags above describe); decode: digits-png, "
-        "decoded and augmented per record in each backend's workers",
+        "or the user's files with --dataset DIR (TFRecord, ArrayRecord, Parquet, image "
+        "folder: 'image' bytes and 'label'), decoded and augmented per record in each "
+        "backend's workers, beside each framework's own reader of those files. Default: "
+        "decode for --dataset DIR of such files, else copy",
     )
     compare.add_argument(
         "--workers",
@@ -65,7 +69,12 @@ def add_compare(commands: argparse._SubParsersAction) -> None:
     compare.add_argument(
         "--warmup", type=int, default=1, help="untimed warm-up passes (<= 16 batches each)"
     )
-    compare.add_argument("--train-epochs", type=positive, default=2, help="epochs per repeat")
+    compare.add_argument(
+        "--train-epochs",
+        type=non_negative,
+        default=2,
+        help="epochs per repeat; 0 (--workload decode): loader figures only, no training",
+    )
     compare.add_argument(
         "--max-batches",
         type=positive,
@@ -110,6 +119,8 @@ def run_compare(args: argparse.Namespace, command: list[str]) -> int:
     names = args.loaders if args.loaders is not None else tuple(registry.everyday())
     for name in names:
         registry.get(name)  # unknown or not installed: a clear error, before any work
+    if args.workload is None:
+        args.workload = "decode" if _holds_files(args.dataset) else "copy"
     chosen = {"copy": _copy_workload, "decode": _decode_workload}[args.workload]
     workload, config, report = chosen(args, tuple(dict.fromkeys(names)))
     mesh = data_mesh(pick_devices(jax.devices(), args.devices))
@@ -129,6 +140,8 @@ def _copy_workload(args: argparse.Namespace, names: tuple[str, ...]) -> tuple[ty
 
     if args.workers is not None:
         raise ValueError("--workers is for --workload decode; the copy workload has no workers")
+    if args.train_epochs == 0:
+        raise ValueError("--train-epochs 0 is for --workload decode; the copy workload trains")
     config = CopyConfig(
         backends=names,
         dataset=args.dataset,
@@ -151,10 +164,13 @@ def _decode_workload(args: argparse.Namespace, names: tuple[str, ...]) -> tuple[
     from jaxfeed.compare.workloads.decode import report
     from jaxfeed.compare.workloads.decode.workload import DATASET, Decode, DecodeConfig
 
-    if args.plot is not None or args.dataset != "mnist-sample":
+    files = _holds_files(args.dataset)
+    if args.plot is not None or (args.dataset != "mnist-sample" and not files):
         raise ValueError(
-            f"--workload decode reads {DATASET!r} and prints a table; drop "
-            "--dataset and --plot (use --data-dir for the real digits, --json for every figure)"
+            f"--workload decode reads {DATASET!r}, or --dataset DIR of your TFRecord, "
+            "ArrayRecord, Parquet or image-folder files, and prints a table; otherwise "
+            "drop --dataset and --plot (use --data-dir for the real digits, --json for every "
+            "figure)"
         )
     config = DecodeConfig(
         backends=names,
@@ -167,5 +183,17 @@ def _decode_workload(args: argparse.Namespace, names: tuple[str, ...]) -> tuple[
         train_epochs=args.train_epochs,
         max_batches=args.max_batches,
         idioms=not args.no_baselines,
+        dataset=args.dataset if files else DATASET,
     )
     return Decode, config, report
+
+
+def _holds_files(dataset: str) -> bool:
+    """Whether ``--dataset`` is the user's files in a format `own_readers` compares."""
+    from jaxfeed.compare.workloads.decode.own_readers import READERS
+    from jaxfeed.loaders.data.formats import locate
+
+    if dataset == "mnist-sample" or not Path(dataset).exists():
+        return False
+    found = locate(dataset, "train", ("train", "test"))
+    return found is not None and found.format in READERS

@@ -1,4 +1,4 @@
-"""``jaxfeed convert SRC DST --to parquet|npy``: the user's files rewritten for
+"""``jaxfeed convert SRC DST --to parquet|arrayrecord|npy``: the user's files rewritten for
 random access (see `jaxfeed.loaders.data.formats.convert`)."""
 
 from __future__ import annotations
@@ -11,14 +11,21 @@ from jaxfeed.cli.args import positive, subcommand
 
 def add_convert(commands: argparse._SubParsersAction) -> None:
     convert = subcommand(
-        commands, "convert", help="rewrite a dataset's files as Parquet shards or .npy fields"
+        commands,
+        "convert",
+        help="rewrite a dataset's files as Parquet or ArrayRecord shards or .npy fields",
     )
     convert.add_argument("source", help="a directory, glob or file jaxfeed reads (see train)")
     convert.add_argument("destination", help="written as DESTINATION/<split>/...")
-    convert.add_argument("--to", required=True, choices=("parquet", "npy"), help="the format")
+    convert.add_argument(
+        "--to", required=True, choices=("parquet", "arrayrecord", "npy"), help="the format"
+    )
     convert.add_argument("--format", default=None, help="what SOURCE holds; None: detected")
     convert.add_argument(
-        "--rows-per-shard", type=positive, default=10_000, help="rows per Parquet shard"
+        "--rows-per-shard",
+        type=positive,
+        default=10_000,
+        help="rows per Parquet or ArrayRecord shard",
     )
 
 

@@ -32,7 +32,7 @@ from jaxfeed.loaders.transform import RecordTransform
 from jaxfeed.loaders.workers.owned_segments import worker_init
 from jaxfeed.loaders.workers.spawn import children_ignore_stop_signals
 
-SOURCES = ("memory", "tfds")
+SOURCES = ("memory", "tfds", "files")
 OPTIONS = ("order", "source", "num_workers", "num_threads")
 
 
@@ -58,6 +58,44 @@ class TfdsSource:
                 for key, array in self._empty.arrays.items()}  # fmt: skip
 
 
+class ArrayRecordRows:
+    """The user's ArrayRecord files read in place through Grain's own
+    ``ArrayRecordDataSource``, a batch per ``__getitems__`` call, each
+    record parsed as the columnar copy parses it (so batches are the same)."""
+
+    def __init__(self, files: Sequence[str], examples: bool, dataset: ArrayDataset):
+        self.source = grain.sources.ArrayRecordDataSource(list(files))
+        self.examples = examples
+        self._empty = ArrayRows({key: array[:0] for key, array in dataset.arrays.items()})
+        if len(self.source) != len(dataset):
+            raise ValueError(
+                f"{len(self.source)} records in {list(files)[:2]}... but {len(dataset)} rows "
+                f"in {dataset.name}: a file changed while the source was being built"
+            )
+
+    def __len__(self) -> int:
+        return len(self.source)
+
+    def read_batch(self, indices: np.ndarray) -> dict[str, np.ndarray]:
+        from jaxfeed.loaders.data.formats.arrayrecord import RAW_FIELD
+        from jaxfeed.loaders.data.formats.example import parse_example
+
+        if len(indices) == 0:
+            return self._empty.read_batch(indices)
+        records = self.source.__getitems__([int(i) for i in indices])
+        if not self.examples:
+            return {RAW_FIELD: _stack(list(records), np.dtype(object))}
+        rows = [parse_example(r) for r in records]
+        out = {}
+        for key, array in self._empty.arrays.items():
+            values = [row[key][1] for row in rows]  # (kind, values): one bytes, or k numbers
+            if array.dtype.kind == "O":
+                out[key] = _stack([v[0] for v in values], array.dtype)
+            else:
+                out[key] = np.stack(values).astype(array.dtype).reshape(-1, *array.shape[1:])
+        return out
+
+
 def _stack(values: list, dtype: np.dtype) -> np.ndarray:
     """Records' values as one array; bytes as an object array (a bytes
     dtype would drop trailing zero bytes)."""
@@ -72,7 +110,7 @@ class _GatherBatch(grain.transforms.Map):
     """Maps one array of indices to one batch (picklable for worker processes);
     ``(epoch, indices)`` to ``(epoch, indices, batch)`` for `_TransformBatch`."""
 
-    def __init__(self, records: ArrayRows | TfdsSource):
+    def __init__(self, records: ArrayRows | TfdsSource | ArrayRecordRows):
         self.records = records
 
     def map(self, element: np.ndarray | tuple) -> dict[str, np.ndarray] | tuple:
@@ -185,8 +223,11 @@ class GrainSource(SampledSource):
       dataset, sampler, order: see `SampledSource`. ``order="native"`` uses
         Grain's own seeded ``shuffle`` (reseeded each epoch as ``repeat``
         does) and ``[process_index::process_count]`` sharding.
-      source: ``"memory"`` (default): the in-memory arrays. ``"tfds"``: a
-        TFDS dataset in ``array_record`` format, built once under the cache.
+      source: ``"memory"``: the in-memory (or memory-mapped) arrays.
+        ``"tfds"``: a TFDS dataset in ``array_record`` format, built once
+        under the cache. ``"files"``: the user's ArrayRecord files in place,
+        through Grain's ``ArrayRecordDataSource``. Default: ``"files"`` for
+        a dataset read from ArrayRecord files, else ``"memory"``.
       num_workers: Grain worker processes (``IterDataset.mp_prefetch``);
         0 reads in this process. In sampler order the workers are started
         once and read epoch after epoch; reading an epoch from any other
@@ -205,12 +246,17 @@ class GrainSource(SampledSource):
         dataset: ArrayDataset,
         sampler: Sampler,
         order: str = "sampler",
-        source: str = "memory",
+        source: str | None = None,
         num_workers: int = 0,
         num_threads: int | None = None,
         transform: RecordTransform | None = None,
     ):
         super().__init__(dataset, sampler, order, transform)
+        record_files = getattr(dataset, "record_files", None)
+        if source is None:
+            source = "files" if record_files else "memory"
+        if source == "files" and not record_files:
+            raise ValueError(f"source='files' reads ArrayRecord files; {dataset.name} is not")
         if source not in SOURCES:
             raise ValueError(f"source must be one of {SOURCES}, got {source!r}")
         for name, value in (("num_workers", num_workers), ("num_threads", num_threads)):
@@ -218,9 +264,12 @@ class GrainSource(SampledSource):
                 raise ValueError(f"the grain option {name} must be an int >= 0, got {value!r}")
         self.source = source
         self.num_workers = num_workers
-        self.num_threads = (0 if source == "memory" else 16) if num_threads is None else num_threads
+        self.num_threads = (0 if source != "tfds" else 16) if num_threads is None else num_threads
         if source == "memory":
             self.records = ArrayRows(dataset.arrays)
+        elif source == "files":
+            files, examples = record_files
+            self.records = ArrayRecordRows(files, examples, dataset)
         else:
             self.records = TfdsSource(_tfds_data_source(dataset), dataset)
         self._workers: _Reader | None = None

@@ -7,10 +7,12 @@ import importlib
 import importlib.metadata
 import importlib.util
 import os
+from collections.abc import Sequence
 from typing import Any
 
 from jaxfeed.loaders.checks import check_batch_size, check_seed
 from jaxfeed.loaders.data.catalog import DatasetLike, load_dataset
+from jaxfeed.loaders.host_fields import HostFieldSource, split_host_fields
 from jaxfeed.loaders.protocol import BatchSource
 from jaxfeed.loaders.sampler import Sampler, default_block_rows
 from jaxfeed.loaders.transform import RecordFn, RecordTransform
@@ -171,6 +173,7 @@ def make(
     window_blocks: int | None = None,
     transform: RecordFn | None = None,
     format: str | None = None,
+    host_fields: Sequence[str] = (),
     **backend_options: Any,
 ) -> BatchSource:
     """A `BatchSource` reading ``dataset``/``split`` through ``backend``.
@@ -195,7 +198,8 @@ def make(
         than memory: blocks of ``block_rows`` contiguous rows (default: about
         1 MiB of rows) in a random order, with the rows of each
         ``window_blocks`` consecutive blocks (default 16) shuffled together,
-        so reads are long and contiguous (see docs/data.md). ``False``:
+        so reads are long and contiguous (see docs/data.md). For your files,
+        no block straddles two shards or Parquet row groups. ``False``:
         dataset order.
       drop_remainder: drop the last partial batch instead of padding it.
       data_dir: directory holding the IDX files (else resolved; see docs/data.md).
@@ -213,6 +217,11 @@ def make(
       format: what the files hold (``"tfrecord"``, ``"arrayrecord"``,
         ``"parquet"``, ``"arrow"``, ``"imagefolder"``, ``"tfds"``, ``"hf"``);
         None: detected from the files.
+      host_fields: fields kept on the host, never placed on a device (e.g. a
+        text column: ``("text",)``): each batch carries their rows as numpy
+        (``bytes`` fields as object arrays of ``bytes``), in the shared order,
+        outside ``element_spec`` and ``transform`` (see
+        `jaxfeed.loaders.host_fields`).
       **backend_options: passed to the backend (e.g. ``num_workers``).
 
     Returns:
@@ -256,6 +265,8 @@ def make(
             process_count=process_count,
             block_rows=block_rows,
             window_blocks=window_blocks,
+            # Blocks follow the files / row groups the rows were read from.
+            units=(data.units or None) if shuffle == "blocks" else None,
         )
     except ValueError as err:  # the sampler knows sizes, not names: say which split
         raise ValueError(f"dataset {data.name.rsplit('/', 1)[0]}, {split} split: {err}") from None
@@ -266,7 +277,13 @@ def make(
             f"the {backend} backend got unknown option(s) {unknown}; "
             f"it takes {list(module.OPTIONS)}"
         )
+    host: dict = {}
+    if host_fields:
+        if backend_options.get("order", "sampler") != "sampler":
+            raise ValueError("host_fields follow the shared sampler's order; drop order=")
+        data, host = split_host_fields(data, host_fields)
     transform = data.transform if transform is None else transform
     if transform is not None:
         backend_options["transform"] = RecordTransform(transform, seed, data)
-    return module.build(data, sampler, **backend_options)
+    source = module.build(data, sampler, **backend_options)
+    return HostFieldSource(source, host, sampler) if host else source

@@ -6,6 +6,9 @@ columnar copy in jaxfeed's cache (`jaxfeed.loaders.data.formats.columns`),
 keyed by every file's path, size, modification and change times and inode,
 so a file changed on disk is never served stale. The copy is memory-mapped:
 every backend reads it in the shared sampler's order, as any on-disk field.
+The copy records the rows of each unit it was read from (a TFRecord or
+ArrayRecord shard, a Parquet row group, an Arrow record batch) as the
+dataset's ``units``, which ``shuffle="blocks"`` keeps its blocks inside.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from jaxfeed.loaders.data.formats.example import example_batches
 
 __all__ = ["FORMATS", "load", "load_files", "locate", "unknown_directory"]
 
-LAYOUT_VERSION = "v1"  # of the columnar copy: bumping it stops old copies from being reused
+LAYOUT_VERSION = "v2"  # of the columnar copy: bumping it stops old copies from being reused
 
 
 def load_files(found: Found, split: str) -> ArrayDataset:
@@ -40,6 +43,11 @@ def load_files(found: Found, split: str) -> ArrayDataset:
     fields, description = columns.open_columns(entry)
     dataset = ArrayDataset(f"{found.name}/{split}", fields)
     dataset.classes = tuple(description.get("classes", ()))
+    dataset.units = tuple(description.get("units", ()))
+    if (found.record_format or found.format) == "arrayrecord":
+        _, _, first = next(arrayrecord.arrayrecord_records(found.files[0]))
+        files = tuple(str(p) for p in found.files)
+        dataset.record_files = (files, arrayrecord.holds_examples(first))
     return dataset
 
 
@@ -47,44 +55,51 @@ def _entry(found: Found, split: str) -> Path:
     digest = hashlib.sha1(repr((found.format, found.record_format, found.classes, split)).encode())
     for path in _content_files(found):
         stat = os.stat(path)
-        where = (str(path.resolve()), stat.st_ino, stat.st_dev)
+        where = (str(path), stat.st_ino, stat.st_dev)  # resolved paths: see _content_files
         digest.update(repr((*where, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns)).encode())
     slug = re.sub(r"[^a-z0-9]+", "-", f"{found.name}-{split}".lower()).strip("-")[-40:]
     return cache_root() / "formats" / f"{slug}-{LAYOUT_VERSION}-{digest.hexdigest()[:16]}"
 
 
 def _content_files(found: Found) -> Iterator[Path]:
+    """The files whose identity keys the copy, by resolved path (an image
+    folder's directory resolved once, not each of its files: a resolve per
+    file cost as much as reading it)."""
     if found.format != "imagefolder":
-        yield from found.files
+        yield from (path.resolve() for path in found.files)
         return
-    for directory in found.files:
+    for directory in (path.resolve() for path in found.files):
         for name in found.classes:
             if (directory / name).is_dir():
                 yield directory / name
-                yield from sorted(p for p in (directory / name).rglob("*") if p.is_file())
+                yield from imagefolder.files_in(directory / name)
 
 
 def _write(found: Found, scratch: Path) -> None:
     files = ", ".join(str(p) for p in found.files[:4]) + (", ..." if len(found.files) > 4 else "")
+    units: list[int] = []  # filled while the batches stream; written when they end
     columns.write_columns(
         scratch,
-        _batches(found),
+        _batches(found, units),
         lambda row: f"{found.name}: row {row} (counting through {files} in order)",
         classes=list(found.classes),
+        units=units,
     )
 
 
-def _batches(found: Found) -> Iterator[dict]:
+def _batches(found: Found, units: list[int]) -> Iterator[dict]:
+    """The rows of ``found``, appending the rows of each unit to ``units``
+    (none for an image folder: one file per row)."""
     kind = found.record_format or found.format
     if found.format == "imagefolder":
         return imagefolder.folder_batches(found.files[0], list(found.classes))
     if kind in ("parquet", "arrow"):
-        return itertools.chain.from_iterable(tables.table_batches(p, kind) for p in found.files)
+        return itertools.chain.from_iterable(_table(p, kind, units) for p in found.files)
     readers = {
         "tfrecord": tfrecord.tfrecord_records,
         "arrayrecord": arrayrecord.arrayrecord_records,
     }
-    records = itertools.chain.from_iterable(readers[kind](p) for p in found.files)
+    records = itertools.chain.from_iterable(_counted(readers[kind](p), units) for p in found.files)
     first = next(records, None)
     if first is None:
         raise ValueError(f"{', '.join(map(str, found.files))} hold no records")
@@ -92,6 +107,27 @@ def _batches(found: Found) -> Iterator[dict]:
     if kind == "arrayrecord" and not arrayrecord.holds_examples(first[2]):
         return arrayrecord.raw_batches(records)
     return example_batches(records)
+
+
+def _counted(records: Iterator, units: list[int]) -> Iterator:
+    """``records`` (one file's), appending their number to ``units`` at the end."""
+    count = 0
+    for record in records:
+        count += 1
+        yield record
+    if count:
+        units.append(count)
+
+
+def _table(path: Path, kind: str, units: list[int]) -> Iterator[dict]:
+    """One Parquet file's batches, then its row groups' rows to ``units``; an
+    Arrow file's record batches, each one unit."""
+    for batch in tables.table_batches(path, kind):
+        if kind == "arrow" and len(next(iter(batch.values()))):
+            units.append(len(next(iter(batch.values()))))
+        yield batch
+    if kind == "parquet":
+        units += tables.row_groups([path])
 
 
 def load(

@@ -1,5 +1,6 @@
-"""``jaxfeed convert``: a dataset's splits rewritten as Parquet shards or
-``.npy`` fields, for random access at disk speed.
+"""``jaxfeed convert``: a dataset's splits rewritten as Parquet shards,
+ArrayRecord shards of ``tf.train.Example`` records (the TFDS convention, what
+Grain reads) or ``.npy`` fields, for random access at disk speed.
 
 The source is read through its columnar copy (`jaxfeed.loaders.data.formats`),
 so memory stays bounded by one shard; each output file is written under a
@@ -19,8 +20,9 @@ from jaxfeed.loaders.bytes_field import BytesField
 
 __all__ = ["TARGETS", "convert"]
 
-TARGETS = ("parquet", "npy")
+TARGETS = ("parquet", "arrayrecord", "npy")
 _COPY_BYTES = 64 << 20  # per chunk of an .npy copy
+_CHUNK = 1024  # rows read at once into an ArrayRecord shard
 
 
 def convert(
@@ -53,7 +55,7 @@ def convert(
             continue
         directory = Path(destination) / split
         directory.mkdir(parents=True, exist_ok=True)
-        write = _parquet if to == "parquet" else _npy
+        write = {"parquet": _parquet, "arrayrecord": _arrayrecord, "npy": _npy}[to]
         written += write(
             data, directory, rows_per_shard, lambda s, sp=split: progress(f"{sp}: {s}")
         )
@@ -80,6 +82,35 @@ def _parquet(data: ArrayDataset, directory: Path, rows: int, progress) -> list[P
             table = pa.table({name: _arrow(field, part) for name, field in data.arrays.items()})
             partial = directory / f".{final.name}.partial"
             parquet.write_table(table, partial)
+            _finish(partial, final)
+        out.append(final)
+        progress(
+            f"shard {shard + 1}/{count}, {min(len(data), (shard + 1) * rows)}/{len(data)} rows"
+        )
+    return out
+
+
+def _arrayrecord(data: ArrayDataset, directory: Path, rows: int, progress) -> list[Path]:
+    """Shards of ``rows`` Example records each; ``group_size:1`` (each record
+    its own chunk) is what random access reads fastest."""
+    from array_record.python.array_record_module import ArrayRecordWriter
+    from jaxfeed.loaders.data.formats.example import serialize_example
+
+    count = -(-len(data) // rows)
+    out = []
+    for shard in range(count):
+        final = directory / f"{shard:05d}-of-{count:05d}.array_record"
+        if not final.exists():
+            partial = directory / f".{final.name}.partial"
+            writer = ArrayRecordWriter(str(partial), "group_size:1")
+            try:
+                for start in range(shard * rows, min(len(data), (shard + 1) * rows), _CHUNK):
+                    part = np.arange(start, min(len(data), (shard + 1) * rows, start + _CHUNK))
+                    columns = {name: field[part] for name, field in data.arrays.items()}
+                    for i in range(len(part)):
+                        writer.write(serialize_example({k: v[i] for k, v in columns.items()}))
+            finally:
+                writer.close()
             _finish(partial, final)
         out.append(final)
         progress(

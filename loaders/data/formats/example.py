@@ -1,4 +1,5 @@
-"""``tf.train.Example`` read from its protobuf wire bytes, without TensorFlow.
+"""``tf.train.Example`` read from (and written as) its protobuf wire bytes,
+without TensorFlow.
 
 An Example is ``features {feature {key: name, value: one of bytes_list /
 float_list / int64_list}}``. Decoding the few message types by hand keeps
@@ -13,7 +14,7 @@ from collections.abc import Iterable, Iterator
 
 import numpy as np
 
-__all__ = ["Feature", "Record", "example_batches", "parse_example"]
+__all__ = ["Feature", "Record", "example_batches", "parse_example", "serialize_example"]
 
 Record = tuple[str, int, bytes]
 """A serialized record and where it lies: ``(file, index in the file, bytes)``."""
@@ -205,3 +206,42 @@ def _batch(rows: list[dict[str, Feature]], schema: dict[str, tuple[str, int]]) -
             values = np.stack([row[name][1] for row in rows])
             batch[name] = values[:, 0] if length == 1 else values
     return batch
+
+
+def serialize_example(row: dict[str, bytes | np.ndarray]) -> bytes:
+    """One record as a serialized Example, the wire bytes TensorFlow writes
+    (packed number lists): ``bytes`` values become a one-value ``bytes_list``,
+    integers and booleans an ``int64_list``, floats a ``float_list`` (float32,
+    the only float an Example holds); an array of any shape is written
+    flattened (an Example has no shapes)."""
+    entries = []
+    for name, value in row.items():
+        if isinstance(value, bytes | bytearray | memoryview):
+            feature = _length_field(1, _length_field(1, bytes(value)))
+        else:
+            values = np.asarray(value).reshape(-1)
+            if values.dtype.kind == "f":
+                feature = _length_field(2, _length_field(1, values.astype("<f4").tobytes()))
+            else:  # negative int64s: ten-byte two's complement varints
+                packed = b"".join(_varint_bytes(int(v) & _U64) for v in values.tolist())
+                feature = _length_field(3, _length_field(1, packed))
+        entries.append(
+            _length_field(1, _length_field(1, name.encode()) + _length_field(2, feature))
+        )
+    return _length_field(1, b"".join(entries))
+
+
+_U64 = (1 << 64) - 1
+
+
+def _varint_bytes(value: int) -> bytes:
+    out = bytearray()
+    while value > 0x7F:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _length_field(number: int, payload: bytes) -> bytes:
+    return _varint_bytes(number << 3 | _LEN) + _varint_bytes(len(payload)) + payload

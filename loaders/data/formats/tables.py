@@ -10,7 +10,7 @@ by column, row and file.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +20,18 @@ __all__ = ["ARROW_MAGIC", "PARQUET_MAGIC", "table_batches"]
 PARQUET_MAGIC = b"PAR1"
 ARROW_MAGIC = b"ARROW1"  # the file format; the stream format starts with 0xFFFFFFFF
 _BATCH_ROWS = 1024
+
+
+def row_groups(paths: Sequence[Path]) -> list[int]:
+    """The rows of each row group of the Parquet files ``paths``, in order
+    (from the footers: no data is read)."""
+    from pyarrow import parquet
+
+    out = []
+    for path in paths:
+        metadata = parquet.ParquetFile(path).metadata
+        out += [metadata.row_group(i).num_rows for i in range(metadata.num_row_groups)]
+    return [rows for rows in out if rows]
 
 
 def table_batches(path: Path, kind: str) -> Iterator[dict]:

@@ -14,6 +14,11 @@ worker up, queues full); one epoch's batches timed, with the CPU time of this
 process and its workers; then training (`jaxfeed.fit`, a small MLP on the
 56x56x3 floats) for the data-wait fraction; peak memory throughout, workers
 included; then the pipeline is closed, so no idle worker outlives its row.
+
+On the user's files (``dataset``: a directory or glob of TFRecord, ArrayRecord,
+Parquet or an image folder holding ``image`` bytes and ``label``), every
+backend reads them with `own_readers.augment_image` as its transform, beside
+the format's framework's own reader of the same files (`own_readers`).
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ import statistics
 import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import jax
@@ -37,11 +43,12 @@ import numpy as np
 from jaxfeed import loaders
 from jaxfeed.compare import processes, training
 from jaxfeed.compare.runner import medians
-from jaxfeed.compare.workloads.decode import idioms
+from jaxfeed.compare.workloads.decode import idioms, own_readers
 from jaxfeed.compare.workloads.decode.idioms import IDIOMS, Records
 from jaxfeed.compare.workloads.decode.report import ratios_and_targets
 from jaxfeed.compare.workloads.decode.rows import IdiomOpened, JaxfeedOpened, Pipeline
 from jaxfeed.loaders.data import encoded
+from jaxfeed.loaders.data.formats.detect import Found, locate, unknown_directory
 from jaxfeed.loaders.protocol import MASK_KEY, Batch
 from jaxfeed.training.log import Logging
 from jaxfeed.training.loop import batch_mask, fit
@@ -66,10 +73,13 @@ class DecodeConfig:
     train_epochs: int = 2
     max_batches: int | None = None
     idioms: bool = True
+    dataset: str = DATASET  # or the user's files (a directory, glob): `own_readers`
 
 
 def pipelines(config: DecodeConfig, records: Records) -> list[Pipeline]:
     """Every row, a jaxfeed row before its idiom at the same worker count."""
+    if config.dataset != DATASET:
+        return file_pipelines(config)
     common = dict(
         dataset=DATASET,
         split="train",
@@ -99,6 +109,56 @@ def pipelines(config: DecodeConfig, records: Records) -> list[Pipeline]:
 
                 out.append(Pipeline(backend, idiom.name, k, idiom.description, run_idiom))
     return out
+
+
+def file_pipelines(config: DecodeConfig) -> list[Pipeline]:
+    """The rows on the user's files: each backend at each worker count with
+    `own_readers.augment_image` as its transform, then the format's
+    framework's own reader (one process) unless ``idioms`` is off."""
+    found = _found(config.dataset)
+    out = []
+    for backend in config.backends:
+        for k in config.workers:
+            options = {"num_workers": k} if k else {}
+
+            def make(backend=backend, options=options) -> JaxfeedOpened:
+                source = loaders.make(
+                    backend,
+                    dataset=config.dataset,
+                    split="train",
+                    batch_size=config.batch_size,
+                    seed=config.seed,
+                    transform=own_readers.augment_image,
+                    **options,
+                )
+                return JaxfeedOpened(source)
+
+            what = f"jaxfeed.make({backend!r}, dataset={config.dataset!r}, num_workers={k})"
+            out.append(Pipeline(backend, "jaxfeed", k, what, make))
+    if config.idioms and found.format in own_readers.READERS:
+        framework, name = own_readers.READERS[found.format]
+        rows = len(loaders.load_dataset(config.dataset, "train"))
+        per_epoch = math.ceil(rows / config.batch_size)
+
+        def run_reader() -> IdiomOpened:
+            stream = own_readers.own_reader(found, config.batch_size, config.seed)
+            return IdiomOpened(stream, config.batch_size, per_epoch)
+
+        what = f"{framework}'s own reader of the {found.format} files ({name})"
+        out.append(Pipeline(framework, name, 0, what, run_reader))
+    return out
+
+
+def _found(dataset: str) -> Found:
+    """The train split's files in ``dataset``.
+
+    Raises:
+      FileNotFoundError: a directory of no format jaxfeed reads.
+    """
+    found = locate(dataset, "train", ("train", "test"))
+    if found is None:
+        raise unknown_directory(Path(dataset))
+    return found
 
 
 def _rows_in(batch: Batch) -> int:
@@ -221,9 +281,15 @@ class Decode:
     def __init__(self, config: DecodeConfig, mesh: jax.sharding.Mesh):
         self.config, self.mesh = config, mesh
         self.warmup, self.repeats = config.warmup, config.repeats
-        self.data = loaders.load_dataset(DATASET, "train", data_dir=config.data_dir)
-        self.records = Records.of(self.data)
-        per_epoch = math.ceil(len(self.records) / config.batch_size)
+        self.files = config.dataset != DATASET
+        if self.files:
+            self.data = loaders.load_dataset(config.dataset, "train")
+            _check_fields(self.data, config.dataset)
+            self.records = None  # the idioms' in-memory records: files have own readers
+        else:
+            self.data = loaders.load_dataset(DATASET, "train", data_dir=config.data_dir)
+            self.records = Records.of(self.data)
+        per_epoch = math.ceil(len(self.data) / config.batch_size)
         limit = config.max_batches
         self.batches = per_epoch if limit is None else min(limit, per_epoch)
 
@@ -243,17 +309,19 @@ class Decode:
         config, data = self.config, self.data
         result_rows = [_entry(row) for row in rows]
         ratios, targets = ratios_and_targets(result_rows)
-        sizes = np.diff(data["png"].offsets)
+        sizes = np.diff(data["image" if self.files else "png"].offsets)
+        stored = "encoded images" if self.files else f"{encoded.SIZE}x{encoded.SIZE} RGB PNG"
+        transform = "own_readers.augment_image" if self.files else "loaders.data.encoded.augment"
         return {
             "workload": "decode",
             "command": command,
             "config": dataclasses.asdict(config),
             "dataset": {
                 "name": data.name,
-                "train_examples": len(self.records),
-                "stored": f"{encoded.SIZE}x{encoded.SIZE} RGB PNG, {sizes.mean():.0f} bytes mean",
+                "train_examples": len(self.data),
+                "stored": f"{stored}, {sizes.mean():.0f} bytes mean",
                 "output": {"image": [encoded.CROP, encoded.CROP, 3], "dtype": "float32"},
-                "transform": "loaders.data.encoded.augment",
+                "transform": transform,
             },
             "timed_batches": self.batches,
             "lead_in_batches": min(LEAD_IN, self.batches),
@@ -288,6 +356,19 @@ NOTES = {
     "first batch, worker start included",
     "tf-data": f"native ops; workers={idioms.AUTO!r} is num_parallel_calls=AUTOTUNE",
 }
+
+
+def _check_fields(data: Any, dataset: str) -> None:
+    """The user's files hold what the augment reads: encoded ``image`` bytes and a ``label``.
+
+    Raises:
+      ValueError: naming the fields found.
+    """
+    if "image" not in data.bytes_fields() or "label" not in data.arrays:
+        raise ValueError(
+            f"--workload decode on {dataset} decodes an 'image' field of encoded image "
+            f"bytes with its 'label'; the files hold {sorted(data.arrays)}"
+        )
 
 
 def _usable_cpus() -> int | None:

@@ -45,3 +45,15 @@ def test_workers_read_the_files_by_path(written, backend):
     got = epochs(backend, written["tfrecord"], num_workers=2)
     for epoch in (0, 1):
         assert_same_batches(got[epoch], want[epoch])
+
+
+def test_grain_reads_arrayrecord_files_in_place_through_its_own_source(written):
+    source = loaders.make("grain", dataset=written["arrayrecord"], batch_size=7, seed=5,
+                          transform=augment_image)  # fmt: skip
+    assert source.source == "files"
+    assert type(source.records.source).__name__ == "ArrayRecordDataSource"
+    memory = loaders.make("grain", dataset=written["arrayrecord"], batch_size=7, seed=5,
+                          transform=augment_image, source="memory")  # fmt: skip
+    assert memory.source == "memory"
+    for epoch in (0, 1):
+        assert_same_batches(list(source.iter_epoch(epoch)), list(memory.iter_epoch(epoch)))

@@ -1,0 +1,221 @@
+"""The user's Parquet files through ``make`` at two sizes, one bigger than RAM.
+
+    flock /tmp/jaxfeed-bigdisk.lock python3 benchmarks/formats_big.py   # both sizes
+    python3 benchmarks/formats_big.py --rows 1000000 --window 10          # a quick look
+
+For each size, writes one directory of Parquet files (``image``: 784 uint8 per
+row as a fixed-size list, MNIST-shaped; ``label``: int64; row groups of 65,536
+rows, zstd) under ``--dir``, then, each in a fresh process with an empty
+``JAXFEED_CACHE_DIR`` under ``--dir``:
+
+- the one-time columnar copy (``load_dataset``): source MB/s, copy MB/s (the
+  bytes written), peak RssAnon;
+- the disk's limits on the copy's image file, in the same run (sequential
+  ``O_DIRECT`` MB/s and random 4 KiB IOPS: `bigger_than_memory.disk_limits`);
+- per backend (numpy, grain: the others write a native copy of their own) and
+  order (``shuffle="blocks"``, whose blocks follow the row groups; the full
+  permutation for the size that fits in memory), the copy evicted from the
+  page cache first: rows/s and MB/s over the first ``--window`` seconds of an
+  epoch, and the peak RssAnon (anonymous memory, not the page cache).
+
+The rows compress to almost nothing in Parquet (16 varying bytes, the rest
+zeros), so the source is small and the disk figures are the copy's reads.
+Deletes each size's data after measuring it unless ``--keep``. Writes
+``results/formats-big-<tag>.json`` and ``.txt``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+from bigger_than_memory import disk_limits, evict
+from common import write_record  # also puts the repo on sys.path
+
+SIDE = 28 * 28
+GROUP_ROWS = 65_536
+
+
+def write_parquet(directory: Path, rows: int) -> float:
+    """``rows`` rows in files of 16 row groups; returns MB/s of rows written."""
+    import pyarrow as pa
+    from pyarrow import parquet
+
+    directory.mkdir(parents=True)
+    started, file_rows = time.perf_counter(), 16 * GROUP_ROWS
+    for first in range(0, rows, file_rows):
+        schema = pa.schema([("image", pa.list_(pa.uint8(), SIDE)), ("label", pa.int64())])
+        path = directory / f"train-{first // file_rows:05d}.parquet"
+        with parquet.ParquetWriter(path, schema, compression="zstd") as writer:
+            for start in range(first, min(rows, first + file_rows), GROUP_ROWS):
+                n = min(GROUP_ROWS, rows - start)
+                image = np.zeros((n, SIDE), np.uint8)
+                image[:, :16] = (np.arange(start, start + n)[:, None] * 7 + np.arange(16)) % 256
+                column = pa.FixedSizeListArray.from_arrays(pa.array(image.reshape(-1)), SIDE)
+                label = pa.array(np.arange(start, start + n) % 10)
+                writer.write_table(pa.table({"image": column, "label": label}, schema=schema))
+    return rows * (SIDE + 8) / (time.perf_counter() - started) / 1e6
+
+
+def _peak_rss_anon() -> list[int]:
+    """A list whose one item follows this process's peak RssAnon (bytes)."""
+    peak = [0]
+
+    def watch() -> None:
+        while True:
+            with open("/proc/self/status") as status:
+                for line in status:
+                    if line.startswith("RssAnon:"):
+                        peak[0] = max(peak[0], int(line.split()[1]) * 1024)
+            time.sleep(0.05)
+
+    threading.Thread(target=watch, daemon=True).start()
+    return peak
+
+
+def measure_copy(data: Path) -> dict:
+    peak = _peak_rss_anon()
+    from jaxfeed import loaders
+
+    source = sum(p.stat().st_size for p in data.glob("*.parquet"))
+    started = time.perf_counter()
+    dataset = loaders.load_dataset(data)
+    seconds = time.perf_counter() - started
+    cache = Path(os.environ["JAXFEED_CACHE_DIR"])
+    copied = sum(f.stat().st_size for f in cache.rglob("*") if f.is_file())
+    return {
+        "rows": len(dataset),
+        "units": len(dataset.units),
+        "source_MB": source / 1e6,
+        "copy_MB": copied / 1e6,
+        "copy_s": seconds,
+        "copy_MB_per_s": copied / seconds / 1e6,
+        "peak_rss_anon_MiB": peak[0] / 2**20,
+    }
+
+
+def measure_read(data: Path, backend: str, order: str, window: float) -> dict:
+    peak = _peak_rss_anon()
+    from jaxfeed import loaders
+
+    cache = Path(os.environ["JAXFEED_CACHE_DIR"])
+    evict([f for f in cache.rglob("*") if f.is_file()])
+    shuffle = "blocks" if order == "blocks" else True
+    source = loaders.make(backend, dataset=data, batch_size=1024, shuffle=shuffle)
+    rows, started = 0, time.perf_counter()
+    for batch in source.iter_epoch(0):
+        rows += int(batch["mask"].sum())
+        if time.perf_counter() - started > window:
+            break
+    seconds = time.perf_counter() - started
+    row_bytes = SIDE + 4  # the copy's image row and int32 label
+    return {
+        "backend": backend,
+        "order": order,
+        "rows_per_s": rows / seconds,
+        "MB_per_s": rows * row_bytes / seconds / 1e6,
+        "rows_read": rows,
+        "seconds": seconds,
+        "peak_rss_anon_MiB": peak[0] / 2**20,
+    }
+
+
+def _fresh(args: list[str], cache: Path) -> dict:
+    env = {**os.environ, "JAXFEED_CACHE_DIR": str(cache)}
+    done = subprocess.run(
+        [sys.executable, __file__, *args], capture_output=True, text=True, env=env, timeout=7200
+    )
+    if done.returncode != 0:
+        return {"error": done.stderr.strip().splitlines()[-3:]}
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dir", default="/tmp/big/formats2", help="where the data is written")
+    parser.add_argument("--rows", default="2000000,35000000", help="sizes; 35M: 27 GB copy")
+    parser.add_argument("--backends", default="numpy,grain")
+    parser.add_argument("--window", type=float, default=30.0, help="seconds read per run")
+    parser.add_argument("--limit-seconds", type=float, default=5.0)
+    parser.add_argument("--keep", action="store_true", help="keep the data after measuring")
+    parser.add_argument("--tag", default="cpu")
+    parser.add_argument("--measure", help=argparse.SUPPRESS)
+    parser.add_argument("--data", help=argparse.SUPPRESS)
+    parser.add_argument("--backend", help=argparse.SUPPRESS)
+    parser.add_argument("--order", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.measure == "copy":
+        print(json.dumps(measure_copy(Path(args.data))))
+        return
+    if args.measure == "read":
+        print(json.dumps(measure_read(Path(args.data), args.backend, args.order, args.window)))
+        return
+    # A kill (timeout, Ctrl-C) still deletes the data in the finally below.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    with open("/proc/meminfo") as meminfo:
+        ram = int(meminfo.readline().split()[1]) * 1024
+    root = Path(args.dir)
+    results, lines = [], []
+    for rows in [int(r) for r in args.rows.split(",")]:
+        root.mkdir(parents=True, exist_ok=True)
+        work = Path(tempfile.mkdtemp(prefix=f"rows-{rows}-", dir=root))
+        data, cache = work / "parquet", work / "cache"
+        try:
+            written = write_parquet(data, rows)
+            copy = _fresh(["--measure", "copy", "--data", str(data)], cache)
+            images = max(
+                (f for f in cache.rglob("*") if f.is_file()), key=lambda f: f.stat().st_size
+            )
+            evict([images])
+            limits = disk_limits(images, args.limit_seconds)
+            fits = copy.get("copy_MB", 0) * 1e6 < ram / 2
+            reads = []
+            for backend in args.backends.split(","):
+                for order in ["blocks"] + (["full"] if fits else []):
+                    options = ["--backend", backend, "--order", order, "--window", str(args.window)]
+                    reads.append(
+                        _fresh(["--measure", "read", "--data", str(data), *options], cache)
+                    )
+                    print(json.dumps(reads[-1]), flush=True)
+        finally:
+            if not args.keep:
+                shutil.rmtree(work, ignore_errors=True)
+        load = os.getloadavg()
+        entry = {"rows": rows, "write_MB_per_s": written, "copy": copy, "disk": limits,
+                 "reads": reads, "ram_GiB": ram / 2**30, "load_average": load}  # fmt: skip
+        results.append(entry)
+        print(json.dumps(entry), flush=True)
+        lines.append(
+            f"{rows:,} rows, copy {copy.get('copy_MB', 0) / 1e3:.1f} GB (RAM {ram / 2**30:.0f} "
+            f"GiB), load {load[0]:.1f}: copy {copy.get('copy_MB_per_s', 0):.0f} MB/s "
+            f"(peak RssAnon {copy.get('peak_rss_anon_MiB', 0):.0f} MiB); disk sequential "
+            f"{limits['sequential_MBps']:.0f} MB/s, random 4K IOPS {limits['random_4k_iops_1']:.0f}"
+            f" (1 reader) / {limits['random_4k_iops_32']:.0f} (32)"
+        )
+        for r in reads:
+            if "error" in r:
+                lines.append(f"  error: {r['error']}")
+                continue
+            lines.append(
+                f"  {r['backend']:6s} {r['order']:6s} cold {r['rows_per_s']:>10,.0f} rows/s "
+                f"{r['MB_per_s']:7.1f} MB/s ({r['MB_per_s'] / limits['sequential_MBps']:.0%} of "
+                f"sequential) peak RssAnon {r['peak_rss_anon_MiB']:.0f} MiB"
+            )
+    text = "\n".join(lines)
+    print(text)
+    out = write_record("formats-big", args, results, ram_GiB=ram / 2**30, cpus=os.cpu_count())
+    out.with_suffix(".txt").write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()
