@@ -14,8 +14,11 @@ scaling on simulated nodes, and the feed beside Ray's ``iter_jax_batches``.
   waits overlap, not CPU. Only a real multi-machine cluster shows CPU-bound
   scaling and the network's cost. Every size's batches are checked
   byte-identical to the numpy backend's.
-* feed: rows/s of ``DeviceFeed`` over ``make("ray")`` and of Ray's
-  ``iter_jax_batches`` on the same 100k rows of 784 uint8, batch 1024.
+* feed: rows/s of ``DeviceFeed`` over ``make("ray")`` (no transform: rows
+  gathered in this process), over ``make("ray", transform=)`` (each batch a
+  Ray task, returned through the object store), and of Ray's
+  ``iter_jax_batches``, on the same 100k rows of 784 uint8, batch 1024, with
+  the peak growth of this process's resident memory during a pass.
 
 Writes ``results/ray_backend-[<part>-]<tag>.json`` (the machine's load included: numbers are
 loaded when the machine is shared).
@@ -177,36 +180,84 @@ def scaling(args) -> list[dict]:
     return out
 
 
+def cast_row(record: dict, rng: np.random.Generator) -> dict:
+    """The feed's per-record work, as light as it gets: the row as it is."""
+    return {"image": record["image"], "label": record["label"]}
+
+
+class _PeakRss:
+    """This process's peak resident memory above where it stood at the start,
+    sampled every millisecond on a thread (object-store pages this process
+    maps count once they are touched)."""
+
+    def __enter__(self):
+        import threading
+
+        import psutil
+
+        self._process = psutil.Process()
+        self.base = self.peak = self._process.memory_info().rss
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+        return self
+
+    def _sample(self) -> None:
+        while not self._stop.wait(0.001):
+            self.peak = max(self.peak, self._process.memory_info().rss)
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    @property
+    def growth_mib(self) -> float:
+        return (self.peak - self.base) / 2**20
+
+
 def feed(args) -> list[dict]:
     import jax
     import ray
     from jaxfeed.sharding import DeviceFeed
 
-    rows = 100_000
+    rows, batch = args.feed_rows, 1024
     images = np.random.default_rng(0).integers(0, 256, (rows, 784), dtype=np.uint8)
     data = {"image": images, "label": np.arange(rows, dtype=np.int32)}
     _init(ray, num_cpus=2)
     out = []
     try:
-        source = loaders.make(
-            "ray", dataset=data, batch_size=1024, shuffle=False, drop_remainder=True
-        )
+        common = dict(dataset=data, batch_size=batch, shuffle=False, drop_remainder=True)
+        plain = loaders.make("ray", **common)
+        transformed = loaders.make("ray", transform=cast_row, **common)
         ds = ray.data.from_numpy(images)
-        for name, run in (
-            ("DeviceFeed over make('ray')", lambda: DeviceFeed(source, host_buffer=2)),
-            ("ray iter_jax_batches", lambda: ds.iter_jax_batches(batch_size=1024, drop_last=True)),
-        ):
-            rate = 0.0
+        runs = {
+            "DeviceFeed over make('ray')": lambda: DeviceFeed(plain),
+            "DeviceFeed over make('ray', transform=) (Ray tasks)": lambda: DeviceFeed(transformed),
+            "ray iter_jax_batches": lambda: ds.iter_jax_batches(batch_size=batch, drop_last=True),
+        }
+        for name, run in runs.items():
+            rate, growth = 0.0, 0.0
             for _ in range(3):  # the best of three (the first warms Ray and the compiles)
-                started = time.perf_counter()
-                count = 0
-                last = None
-                for batch in run():
-                    last = batch
-                    count += 1024
-                jax.block_until_ready(last)
-                rate = max(rate, count / (time.perf_counter() - started))
-            row = {"part": "feed", "row": name, "batch": 1024, "rows_per_s": rate}
+                with _PeakRss() as rss:
+                    started = time.perf_counter()
+                    count = 0
+                    last = None
+                    for placed in run():
+                        last = placed
+                        count += batch
+                    jax.block_until_ready(last)
+                    rate = max(rate, count / (time.perf_counter() - started))
+                    del last
+                growth = max(growth, rss.growth_mib)
+            row = {
+                "part": "feed",
+                "row": name,
+                "batch": batch,
+                "rows": rows,
+                "rows_per_s": rate,
+                "batch_mib": batch * (784 + 4) / 2**20,
+                "peak_rss_growth_mib": growth,
+            }
             print(row)
             out.append(row)
     finally:
@@ -220,6 +271,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data-dir", default=str(SHARED_MNIST), help="MNIST IDX files (mnist-10k)")
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--scaling-rows", type=int, default=512)
+    parser.add_argument("--feed-rows", type=int, default=100_000)
     parser.add_argument("--repeats", type=int, default=3, help="decode: timed passes per row")
     parser.add_argument("--tag", default="cpu")
     args = parser.parse_args(argv)
