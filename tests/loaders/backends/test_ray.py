@@ -283,3 +283,34 @@ def test_no_ray_process_outlives_a_sigterm():
     finally:
         if child.poll() is None:
             child.kill()
+
+
+def test_no_ray_process_outlives_a_sigkill():
+    # Ray ties its GCS and raylet to the driver, but its dashboard and runtime-env
+    # agents outlive a killed one: jaxfeed's reaper ends them.
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    child = subprocess.Popen(
+        [sys.executable, "-c", _STARTS_AN_INSTANCE],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    import psutil
+
+    started = []
+    try:
+        assert child.stdout.readline() == "ready\n"
+        started = ray_processes(child.pid)
+        names = " ".join(" ".join(p.cmdline()) for p in started)
+        assert "DashboardAgent" in names and "RuntimeEnvAgent" in names, names
+        child.kill()
+        child.wait(TIMEOUT_SECONDS)
+        _, alive = psutil.wait_procs(started, timeout=TIMEOUT_SECONDS)
+        assert alive == []
+    finally:
+        if child.poll() is None:
+            child.kill()
+        for process in started:  # nothing left behind by a failed run either
+            if process.is_running():
+                process.kill()
