@@ -74,7 +74,7 @@ def connect(address: str | None, num_cpus: int | None, debug: bool = False) -> A
         # multithreaded process is for children that go on running Python.
         warnings.filterwarnings("ignore", r"os\.fork\(\) was called", RuntimeWarning)
         ray.init(**options)
-    if address is None:  # started here: its processes are the new children
+    if address is None and before is not None:  # started here: the new children are Ray's
         _REAPERS.append(ray_reaper.watch(sorted(_children() - before)))
     if main and previous not in (signal.SIG_DFL, None):
         signal.signal(signal.SIGTERM, previous)
@@ -85,9 +85,13 @@ def connect(address: str | None, num_cpus: int | None, debug: bool = False) -> A
     return ray
 
 
-def _children() -> set[int]:
-    import psutil
-
+def _children() -> set[int] | None:
+    """This process's children; None without psutil (the ``ray`` extra has it),
+    and then no reaper."""
+    try:
+        import psutil
+    except ImportError:
+        return None
     return {child.pid for child in psutil.Process().children()}
 
 
