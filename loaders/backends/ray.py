@@ -52,14 +52,15 @@ def _read_batch(refs: list, indices: np.ndarray, epoch: int) -> dict[str, np.nda
 
     key = (refs[0].hex(), refs[1].hex())
     if key not in _SHARED:
-        _SHARED.clear()  # one source at a time: an old one's rows are not pinned
+        _SHARED.clear()  # one source at a time: an older one's rows are let go
         _SHARED[key] = tuple(ray.get(refs))
     rows, transform = _SHARED[key]
     return transform.batch(rows.read_batch(indices), indices, epoch)
 
 
 class RaySource(SampledSource):
-    """Batches read and transformed by Ray tasks, in the shared sampler's order.
+    """Batches transformed by Ray tasks, in the shared sampler's order; without
+    a transform, gathered in this process (nothing for Ray to do).
 
     Args:
       dataset, sampler, transform: as for every backend.
