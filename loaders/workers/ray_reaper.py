@@ -3,7 +3,8 @@ also when that process is killed with SIGKILL.
 
 Ray ties its GCS and raylet to the driver, but its dashboard and runtime-env
 agents, children of the raylet, hang on their way out once the raylet is gone
-(Ray 2.60: "Raylet is dead! Exiting" in their logs, and they live on). This
+(Ray 2.60: "Raylet is dead! Exiting" in their logs, and they live on for about
+a minute, measured here). This
 module runs as a small script of its own (by path: it imports no jaxfeed, no
 Ray), in its own session, so a kill of the driver's process group spares it.
 It reads the instance's processes from its stdin, then waits for end of file:
@@ -69,6 +70,7 @@ def _reap() -> None:
     for process in alive:
         with contextlib.suppress(psutil.NoSuchProcess):
             process.kill()
+    psutil.wait_procs(alive, timeout=GRACE_SECONDS)  # this process ends after they do
 
 
 if __name__ == "__main__":

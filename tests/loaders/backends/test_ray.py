@@ -287,7 +287,8 @@ def test_no_ray_process_outlives_a_sigterm():
 
 def test_no_ray_process_outlives_a_sigkill():
     # Ray ties its GCS and raylet to the driver, but its dashboard and runtime-env
-    # agents outlive a killed one: jaxfeed's reaper ends them.
+    # agents outlive a killed one (by about a minute): jaxfeed's reaper ends them,
+    # and ends itself only after they are gone.
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     child = subprocess.Popen(
         [sys.executable, "-c", _STARTS_AN_INSTANCE],
@@ -302,15 +303,30 @@ def test_no_ray_process_outlives_a_sigkill():
     try:
         assert child.stdout.readline() == "ready\n"
         started = ray_processes(child.pid)
-        names = " ".join(" ".join(p.cmdline()) for p in started)
-        assert "DashboardAgent" in names and "RuntimeEnvAgent" in names, names
+        commands = {p: " ".join(p.cmdline()) for p in started}
+        agents = [p for p, line in commands.items() if "Agent" in line]
+        reapers = [p for p, line in commands.items() if "ray_reaper" in line]
+        assert len(agents) == 2 and len(reapers) == 1, commands
         child.kill()
         child.wait(TIMEOUT_SECONDS)
+        _, alive = psutil.wait_procs(reapers, timeout=TIMEOUT_SECONDS)
+        assert alive == []
+        # The reaper is gone, so the agents are: at most zombies not yet collected.
+        assert [p for p in agents if _running(p)] == []
         _, alive = psutil.wait_procs(started, timeout=TIMEOUT_SECONDS)
         assert alive == []
     finally:
         if child.poll() is None:
             child.kill()
         for process in started:  # nothing left behind by a failed run either
-            if process.is_running():
+            if _running(process):
                 process.kill()
+
+
+def _running(process) -> bool:
+    import psutil
+
+    try:
+        return process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
