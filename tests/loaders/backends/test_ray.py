@@ -311,9 +311,14 @@ def test_no_ray_process_outlives_a_sigkill():
         child.wait(TIMEOUT_SECONDS)
         _, alive = psutil.wait_procs(reapers, timeout=TIMEOUT_SECONDS)
         assert alive == []
-        # The reaper is gone, so the agents are: at most zombies not yet collected.
-        assert [p for p in agents if _running(p)] == []
-        _, alive = psutil.wait_procs(started, timeout=TIMEOUT_SECONDS)
+        # The reaper is gone, so is what it watched (the instance as it started:
+        # GCS, raylet, agents, monitors), at most as zombies not yet collected.
+        workers = [
+            p for p, line in commands.items() if line.startswith("ray::") and p not in agents
+        ]
+        watched = [p for p in started if p not in workers and p not in reapers]
+        assert [commands[p] for p in watched if _running(p)] == []
+        _, alive = psutil.wait_procs(workers, timeout=TIMEOUT_SECONDS)  # they end themselves
         assert alive == []
     finally:
         if child.poll() is None:
