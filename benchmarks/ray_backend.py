@@ -14,8 +14,13 @@ scaling on simulated nodes, and the feed beside Ray's ``iter_jax_batches``.
   waits overlap, not CPU. Only a real multi-machine cluster shows CPU-bound
   scaling and the network's cost. Every size's batches are checked
   byte-identical to the numpy backend's.
-* feed: rows/s of ``DeviceFeed`` over ``make("ray")`` and of Ray's
-  ``iter_jax_batches`` on the same 100k rows of 784 uint8, batch 1024.
+* feed: rows/s of ``DeviceFeed`` over ``make("ray")`` (no transform: rows
+  gathered in this process), over ``make("ray", transform=)`` (each batch a
+  Ray task, returned through the object store), and of Ray's
+  ``iter_jax_batches``, on the same 100k rows of 784 uint8, batch 1024, with
+  the peak growth of this process's resident memory during a pass: its own
+  (``RssAnon``: a copy out of the object store would show here) and the
+  object store's pages it maps (``RssShmem``).
 
 Writes ``results/ray_backend-[<part>-]<tag>.json`` (the machine's load included: numbers are
 loaded when the machine is shared).
@@ -177,36 +182,100 @@ def scaling(args) -> list[dict]:
     return out
 
 
+def cast_row(record: dict, rng: np.random.Generator) -> dict:
+    """The feed's per-record work, as light as it gets: the row as it is."""
+    return {"image": record["image"], "label": record["label"]}
+
+
+def _resident_kib() -> dict[str, int]:
+    """This process's resident memory by kind (Linux): ``RssAnon``, its own
+    (a copy of a batch lands here), and ``RssShmem``, shared pages it maps
+    (Ray's object store: counted where touched, held by the store, not by it)."""
+    with open("/proc/self/status") as status:
+        fields = dict(line.split(":", 1) for line in status)
+    return {kind: int(fields[kind].split()[0]) for kind in ("RssAnon", "RssShmem")}
+
+
+class _PeakRss:
+    """The peak growth of each kind of `_resident_kib` over a block, sampled
+    every 2 ms on a thread."""
+
+    def __enter__(self):
+        import threading
+
+        self.base = _resident_kib()
+        self.peak = dict(self.base)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+        return self
+
+    def _sample(self) -> None:
+        while not self._stop.wait(0.002):
+            now = _resident_kib()
+            self.peak = {kind: max(self.peak[kind], now[kind]) for kind in now}
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def growth_mib(self) -> dict[str, float]:
+        return {kind: (self.peak[kind] - self.base[kind]) / 1024 for kind in self.base}
+
+
 def feed(args) -> list[dict]:
     import jax
     import ray
     from jaxfeed.sharding import DeviceFeed
 
-    rows = 100_000
+    rows, batch = args.feed_rows, 1024
     images = np.random.default_rng(0).integers(0, 256, (rows, 784), dtype=np.uint8)
     data = {"image": images, "label": np.arange(rows, dtype=np.int32)}
     _init(ray, num_cpus=2)
     out = []
     try:
-        source = loaders.make(
-            "ray", dataset=data, batch_size=1024, shuffle=False, drop_remainder=True
-        )
+        common = dict(dataset=data, batch_size=batch, shuffle=False, drop_remainder=True)
+        plain = loaders.make("ray", **common)
+        transformed = loaders.make("ray", transform=cast_row, **common)
         ds = ray.data.from_numpy(images)
-        for name, run in (
-            ("DeviceFeed over make('ray')", lambda: DeviceFeed(source, host_buffer=2)),
-            ("ray iter_jax_batches", lambda: ds.iter_jax_batches(batch_size=1024, drop_last=True)),
-        ):
-            rate = 0.0
+        first = next(transformed.iter_epoch(0))["image"]
+        # A task's batch as Ray returns it: a read-only view of the object store.
+        zero_copy = {"writeable": bool(first.flags.writeable), "owndata": bool(first.flags.owndata)}
+        del first
+        runs = {
+            "DeviceFeed over make('ray')": lambda: DeviceFeed(plain),
+            "DeviceFeed over make('ray', transform=) (Ray tasks)": lambda: DeviceFeed(transformed),
+            "ray iter_jax_batches": lambda: ds.iter_jax_batches(batch_size=batch, drop_last=True),
+        }
+        for name, run in runs.items():
+            rate, growth = 0.0, []
             for _ in range(3):  # the best of three (the first warms Ray and the compiles)
-                started = time.perf_counter()
-                count = 0
-                last = None
-                for batch in run():
-                    last = batch
-                    count += 1024
-                jax.block_until_ready(last)
-                rate = max(rate, count / (time.perf_counter() - started))
-            row = {"part": "feed", "row": name, "batch": 1024, "rows_per_s": rate}
+                with _PeakRss() as rss:
+                    started = time.perf_counter()
+                    count = 0
+                    last = None
+                    for placed in run():
+                        last = placed
+                        count += batch
+                    jax.block_until_ready(last)
+                    rate = max(rate, count / (time.perf_counter() - started))
+                    del last
+                growth.append(rss.growth_mib())
+            row = {
+                "part": "feed",
+                "row": name,
+                "batch": batch,
+                "rows": rows,
+                "rows_per_s": rate,
+                "batch_mib": batch * (784 + 4) / 2**20,
+                # First pass (cold: what a copy per batch would add shows here) and last (warm).
+                "peak_growth_mib_own": [g["RssAnon"] for g in (growth[0], growth[-1])],
+                "peak_growth_mib_object_store_mapped": [
+                    g["RssShmem"] for g in (growth[0], growth[-1])
+                ],
+            }
+            if "Ray tasks" in name:
+                row["task_batch_flags"] = zero_copy
             print(row)
             out.append(row)
     finally:
@@ -220,6 +289,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data-dir", default=str(SHARED_MNIST), help="MNIST IDX files (mnist-10k)")
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--scaling-rows", type=int, default=512)
+    parser.add_argument("--feed-rows", type=int, default=100_000)
     parser.add_argument("--repeats", type=int, default=3, help="decode: timed passes per row")
     parser.add_argument("--tag", default="cpu")
     args = parser.parse_args(argv)

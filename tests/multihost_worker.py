@@ -46,11 +46,23 @@ def local_rows(array: jax.Array) -> np.ndarray:
     return np.concatenate([np.asarray(s.data) for s in shards])
 
 
+def as_read(record: dict, rng: np.random.Generator) -> dict:
+    """The record unchanged: per-record work that sends the ray backend's rows
+    through Ray tasks (without a transform it gathers them in its own process)."""
+    return record
+
+
 def check_backend(backend: str, mesh) -> dict:
     processes, me = jax.process_count(), jax.process_index()
     kwargs = dict(dataset=DATASET, split="test", seed=SEED)
+    ray_tasks = {"transform": as_read} if backend == "ray" else {}
     source = loaders.make(
-        backend, batch_size=LOCAL_BATCH, process_index=me, process_count=processes, **kwargs
+        backend,
+        batch_size=LOCAL_BATCH,
+        process_index=me,
+        process_count=processes,
+        **kwargs,
+        **ray_tasks,
     )
     single = loaders.make("numpy", batch_size=LOCAL_BATCH * processes, **kwargs)
     seen, steps, identical, padded_steps = [], 0, True, 0

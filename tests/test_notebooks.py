@@ -214,6 +214,19 @@ def _check_your_data(out: str, nb: nbformat.NotebookNode) -> None:
     assert _images(nb) == 1  # the stored files beside their augmented crops
 
 
+def _check_ray(out: str, nb: nbformat.NotebookNode) -> None:
+    # Decoded and augmented by Ray tasks: make("numpy")'s batches, a new draw each epoch.
+    for epoch in (0, 1):
+        assert f"epoch {epoch}: 8 batches of make('ray') identical to make('numpy'): True" in out
+    assert "image float32 (64, 56, 56, 3) from object bytes" in out
+    # No transform: gathered here, placed as sharded jax.Arrays.
+    assert "placed: ArrayImpl (64, 28, 28, 1) P('data',) on 8 devices" in out
+    assert "epoch 1 identical to make('numpy'): True" in out
+    # wrap(ray.data.Dataset): 100 rows in batches of 32, the last padded, the order kept.
+    assert "batches: 4 last padded rows: 28 first y: [0 1 2 3 4]" in out
+    assert "ray running: False" in out
+
+
 CHECKS: dict[str, Callable[[str, nbformat.NotebookNode], None]] = {
     "01_quickstart": _check_quickstart,
     "02_from_pytorch": _check_from_pytorch,
@@ -221,6 +234,7 @@ CHECKS: dict[str, Callable[[str, nbformat.NotebookNode], None]] = {
     "04_sharding": _check_sharding,
     "05_compare": _check_compare,
     "06_your_data": _check_your_data,
+    "07_ray": _check_ray,
 }
 
 

@@ -3,7 +3,8 @@
 ``ray_address=`` (else ``RAY_ADDRESS``) joins an existing cluster; without
 one, a local instance is started with a bounded number of CPUs, no dashboard,
 and the workers' output kept off this process's stdout. What jaxfeed started
-it shuts down at exit; a SIGTERM handler that was in place (jaxfeed's, which
+it shuts down at exit, and a `ray_reaper` ends what Ray leaves of it when this
+process is killed; a SIGTERM handler that was in place (jaxfeed's, which
 stops a run at a step and saves) stays in place.
 """
 
@@ -18,10 +19,14 @@ import threading
 import warnings
 from typing import Any
 
+from jaxfeed.loaders.workers import ray_reaper
+
 __all__ = ["connect"]
 
 # Set once jaxfeed itself started (or joined) the instance this process uses.
 _STARTED: list[bool] = []
+# The reapers of the local instances started here: kept, as dropping one closes its pipe.
+_REAPERS: list[Any] = []
 
 
 def connect(address: str | None, num_cpus: int | None, debug: bool = False) -> Any:
@@ -63,11 +68,14 @@ def connect(address: str | None, num_cpus: int | None, debug: bool = False) -> A
     # (jaxfeed's run stops at a step and saves) must keep its job.
     main = threading.current_thread() is threading.main_thread()
     previous = signal.getsignal(signal.SIGTERM) if main else None
+    before = _children()
     with warnings.catch_warnings():
         # Ray starts its processes by fork + exec; JAX's warning about forking a
         # multithreaded process is for children that go on running Python.
         warnings.filterwarnings("ignore", r"os\.fork\(\) was called", RuntimeWarning)
         ray.init(**options)
+    if address is None and before is not None:  # started here: the new children are Ray's
+        _REAPERS.append(ray_reaper.watch(sorted(_children() - before)))
     if main and previous not in (signal.SIG_DFL, None):
         signal.signal(signal.SIGTERM, previous)
     _quiet_progress(ray, debug)
@@ -75,6 +83,16 @@ def connect(address: str | None, num_cpus: int | None, debug: bool = False) -> A
         _STARTED.append(True)
         atexit.register(_shutdown)
     return ray
+
+
+def _children() -> set[int] | None:
+    """This process's children; None without psutil (the ``ray`` extra has it),
+    and then no reaper."""
+    try:
+        import psutil
+    except ImportError:
+        return None
+    return {child.pid for child in psutil.Process().children()}
 
 
 def _quiet_progress(ray: Any, debug: bool) -> None:

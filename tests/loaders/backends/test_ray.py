@@ -89,18 +89,35 @@ def test_transform_draws_are_the_numpy_ones(cluster):
     assert_same_batches(_epochs(ray_source), _epochs(numpy_source))
 
 
+def test_sources_taking_turns_on_the_same_workers_keep_their_own_rows(cluster):
+    # Each Ray worker keeps the rows and transform of the last source it served:
+    # a batch of the other source must bring that source's own.
+    small = {"image": indexed_dataset().arrays["image"][:64] + 1, "label": np.arange(64)}
+    pairs = [
+        _both(data, batch_size=16, seed=4, transform=shifted) for data in (indexed_dataset(), small)
+    ]
+    for epoch in (0, 1):
+        for ray_source, numpy_source in pairs:
+            assert_same_batches(
+                list(ray_source.iter_epoch(epoch)), list(numpy_source.iter_epoch(epoch))
+            )
+
+
 def test_start_resumes_mid_epoch_exactly(cluster):
     ray_source, numpy_source = _both(indexed_dataset(), batch_size=32, seed=3, transform=shifted)
     assert_same_batches(list(ray_source.iter_epoch(1, start=4)), _epochs(numpy_source)[14:])
 
 
-def test_process_slices_and_on_disk_fields(cluster, tmp_path):
+@pytest.mark.parametrize("transform", [None, shifted], ids=["gathered here", "ray tasks"])
+def test_process_slices_and_on_disk_fields(cluster, tmp_path, transform):
     data = indexed_dataset()
     for key, array in data.arrays.items():
         np.save(tmp_path / f"{key}.npy", array)
     mapped = {key: np.load(tmp_path / f"{key}.npy", mmap_mode="r") for key in data.arrays}
     for index in range(2):
-        options = dict(batch_size=16, seed=1, process_index=index, process_count=2)
+        options = dict(
+            batch_size=16, seed=1, process_index=index, process_count=2, transform=transform
+        )
         ray_source, numpy_source = _both(mapped, **options)
         assert_same_batches(_epochs(ray_source, (0,)), _epochs(numpy_source, (0,)))
 
@@ -157,6 +174,39 @@ def test_a_transform_error_names_its_row(cluster):
         list(source.iter_epoch(0))
 
 
+_UNREACHABLE_CLUSTER = """
+import sys
+import numpy as np
+from jaxfeed import loaders
+
+data = {"image": np.arange(300 * 12, dtype=np.uint8).reshape(300, 12), "label": np.arange(300)}
+options = dict(dataset=data, batch_size=32, seed=3)
+# Nothing listens at this address: a source that asked Ray for anything fails.
+ray_source = loaders.make("ray", ray_address="127.0.0.1:9", **options)
+numpy_source = loaders.make("numpy", **options)
+for epoch in (0, 1):
+    for got, want in zip(ray_source.iter_epoch(epoch), numpy_source.iter_epoch(epoch), strict=True):
+        assert got.keys() == want.keys()
+        assert all(np.array_equal(got[k], want[k]) and got[k].dtype == want[k].dtype for k in got)
+print("ray imported" if "ray" in sys.modules else "ray untouched")
+"""
+
+
+def test_without_a_transform_the_rows_are_gathered_here_not_in_ray_tasks():
+    # No per-record work to send out: the batches are read in this process, so a
+    # source whose cluster is unreachable still gives the numpy backend's batches.
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    done = subprocess.run(
+        [sys.executable, "-c", _UNREACHABLE_CLUSTER],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,  # a source that waits for the cluster never comes back
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert done.stdout.splitlines()[-1] == "ray untouched"
+
+
 WORKER = Path(__file__).resolve().parents[2] / "multihost_worker.py"
 
 
@@ -199,7 +249,11 @@ def test_a_two_process_jax_job_on_one_cluster_equals_one_process(cluster, tmp_pa
 _STARTS_AN_INSTANCE = """
 import sys, threading
 from jaxfeed import loaders
-source = loaders.make("ray", dataset={"x": __import__("numpy").arange(64)}, batch_size=8)
+def doubled(record, rng):  # a transform: the rows go to Ray tasks, so Ray starts
+    return {"x": record["x"] * 2}
+source = loaders.make(
+    "ray", dataset={"x": __import__("numpy").arange(64)}, batch_size=8, transform=doubled
+)
 next(source.iter_epoch(0))
 print("ready", flush=True)
 threading.Event().wait()
@@ -229,3 +283,55 @@ def test_no_ray_process_outlives_a_sigterm():
     finally:
         if child.poll() is None:
             child.kill()
+
+
+def test_no_ray_process_outlives_a_sigkill():
+    # Ray ties its GCS and raylet to the driver, but its dashboard and runtime-env
+    # agents outlive a killed one (by about a minute): jaxfeed's reaper ends them,
+    # and ends itself only after they are gone.
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    child = subprocess.Popen(
+        [sys.executable, "-c", _STARTS_AN_INSTANCE],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    import psutil
+
+    started = []
+    try:
+        assert child.stdout.readline() == "ready\n"
+        started = ray_processes(child.pid)
+        commands = {p: " ".join(p.cmdline()) for p in started}
+        agents = [p for p, line in commands.items() if "Agent" in line]
+        reapers = [p for p, line in commands.items() if "ray_reaper" in line]
+        assert len(agents) == 2 and len(reapers) == 1, commands
+        child.kill()
+        child.wait(TIMEOUT_SECONDS)
+        _, alive = psutil.wait_procs(reapers, timeout=TIMEOUT_SECONDS)
+        assert alive == []
+        # The reaper is gone, so is what it watched (the instance as it started:
+        # GCS, raylet, agents, monitors), at most as zombies not yet collected.
+        workers = [
+            p for p, line in commands.items() if line.startswith("ray::") and p not in agents
+        ]
+        watched = [p for p in started if p not in workers and p not in reapers]
+        assert [commands[p] for p in watched if _running(p)] == []
+        _, alive = psutil.wait_procs(workers, timeout=TIMEOUT_SECONDS)  # they end themselves
+        assert alive == []
+    finally:
+        if child.poll() is None:
+            child.kill()
+        for process in started:  # nothing left behind by a failed run either
+            if _running(process):
+                process.kill()
+
+
+def _running(process) -> bool:
+    import psutil
+
+    try:
+        return process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
