@@ -10,11 +10,11 @@ through ``tf.numpy_function``, with no copy to convert and none held. Either
 way batches come from one long-lived tf.data iterator per source that
 gathers the sampler's index batches (see `_Pipeline`).
 
-A Python ``transform`` runs in a ``tf.numpy_function`` inside the pipeline
-(``num_workers=0``), or, with ``num_workers=k``, in ``k`` worker processes (a
-`RecordPool`) whose finished batches the pipeline takes in through
-``tf.data.Dataset.from_generator``: tf.data's parallel calls are threads, and
-the transform's Python holds the GIL.
+A Python ``transform`` runs in this process on the records the pipeline
+gathers (``num_workers=0``), or, with ``num_workers=k``, in ``k`` worker
+processes (a `RecordPool`) whose finished batches the pipeline takes in
+through ``tf.data.Dataset.from_generator``: tf.data's parallel calls are
+threads, and the transform's Python holds the GIL.
 """
 
 from __future__ import annotations
@@ -134,9 +134,9 @@ class TfSource(SampledSource):
         several processes and ``drop_remainder=False`` the order is first
         padded with its own head to a multiple of ``process_count``, so every
         process yields the same number of batches.
-      transform: see `SampledSource`. With ``num_workers=0`` it runs inside
-        the tf.data pipeline, one ``tf.numpy_function`` call per batch in a
-        ``map`` (see `_transformed`), in this process.
+      transform: see `SampledSource`. With ``num_workers=0`` it runs in this
+        process, on each batch's records as the tf.data pipeline gathers
+        them (see `_transformed`).
       num_workers: with a transform, ``k`` spawned worker processes (a
         `RecordPool`, kept across epochs until `close`) each read rows of the
         dataset's arrays and transform whole batches; the tf.data pipeline is
@@ -210,52 +210,29 @@ class TfSource(SampledSource):
     def _transformed(
         self, index_batches: Sequence[np.ndarray], epoch: int
     ) -> Iterator[Mapping[str, np.ndarray]]:
-        """The tf.data idiom for Python work on records: a pipeline over this
-        call's index batches that gathers each batch's tensors (bytes as
-        ``tf.string``) and runs the transform on its records in a
-        ``tf.numpy_function``, inside a ``map`` with ``num_workers`` parallel
-        calls (order kept). A call per batch, not per record: per record,
-        the call's own cost halved the rows/s. A new pipeline per epoch
-        (~10 ms, nothing beside a decode-bound epoch), so nothing runs ahead
-        of the rows asked for. Fields on disk are numpy arrays, read inside
-        the function."""
-        if not len(index_batches):
-            return
+        """The transform in this process, on each batch's records as a tf.data
+        pipeline over this call's index batches gathers them (bytes as
+        ``tf.string``), one batch ahead (``prefetch(1)``) while the transform
+        works. Fields on disk are read here. In the reading thread, not in a
+        ``tf.numpy_function`` inside the pipeline: that handed every batch to a
+        tf.data thread and back, and left a core idle for a fifth of the time
+        (docs/data.md)."""
         tf = import_tensorflow()
         tensors = {
             k: v for k, v in self._fields.items() if not isinstance(v, np.ndarray | BytesField)
         }
         held = {k: v for k, v in self._fields.items() if k not in tensors}
-        outputs = list(self._rows.items())
-        transform, failures = self.transform, []
+        gathered: Iterator[dict[str, Any]] = ({} for _ in index_batches)
+        if tensors and len(index_batches):
 
-        def run(indices: np.ndarray, *values: np.ndarray) -> list[np.ndarray]:
-            rows = dict(zip(tensors, values, strict=True))
+            def gather(indices: Any) -> dict[str, Any]:
+                return {key: tf.gather(column, indices) for key, column in tensors.items()}
+
+            batches = tf.data.Dataset.from_tensor_slices(np.stack(index_batches))
+            gathered = batches.map(gather).prefetch(1).as_numpy_iterator()
+        for indices, rows in zip(index_batches, gathered, strict=True):
             rows.update({key: field[indices] for key, field in held.items()})
-            try:
-                batch = transform.batch(rows, indices, epoch)
-            except Exception as err:  # re-raised as is by the reader, not as a TF error
-                failures.append(err)
-                raise
-            return [batch[key] for key, _ in outputs]
-
-        def one(indices: Any) -> dict[str, Any]:
-            values = [tf.gather(column, indices) for column in tensors.values()]
-            types = [tf.as_dtype(dtype) for _, (_, dtype) in outputs]
-            out = tf.numpy_function(run, [indices, *values], types, stateful=False)
-            return {
-                key: tf.ensure_shape(o, (self.batch_size, *shape))
-                for (key, (shape, _)), o in zip(outputs, out, strict=True)
-            }
-
-        options = tf.data.Options()
-        options.experimental_optimization.map_parallelization = False  # num_workers decides
-        batches = tf.data.Dataset.from_tensor_slices(np.stack(index_batches))
-        if self.num_workers:
-            batches = batches.map(one, num_parallel_calls=self.num_workers, deterministic=True)
-        else:
-            batches = batches.map(one)
-        yield from _reraising(batches.with_options(options).as_numpy_iterator(), failures)
+            yield self.transform.batch(rows, indices, epoch)
 
     def _from_workers(
         self, index_batches: Sequence[np.ndarray], epoch: int
