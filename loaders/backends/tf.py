@@ -168,7 +168,6 @@ class TfSource(SampledSource):
                 ArrayRows(dataset.arrays).read_batch, transform, self.num_workers
             )
             self.builder_dir = None
-            self._fields = dict(dataset.arrays)
             return
         if any(file_rows(array) is not None for array in dataset.arrays.values()):
             # On disk: read in place (a TFDS copy would double the disk and take minutes).
