@@ -74,3 +74,10 @@ def augment_image(record: dict, rng: np.random.Generator) -> dict:
     out = augment({"png": record["image"], "label": record["label"]}, rng)
     out["noise"] = rng.standard_normal(2).astype(np.float32)
     return out
+
+
+def augment_where_it_runs(record: dict, rng: np.random.Generator) -> dict:
+    """`random_augment`, and the process that ran it."""
+    import os
+
+    return {**random_augment(record, rng), "pid": np.int64(os.getpid())}

@@ -9,6 +9,12 @@ as tensors. A dataset on disk (memory-mapped fields, e.g. a directory of
 through ``tf.numpy_function``, with no copy to convert and none held. Either
 way batches come from one long-lived tf.data iterator per source that
 gathers the sampler's index batches (see `_Pipeline`).
+
+A Python ``transform`` runs in this process on the records the pipeline
+gathers (``num_workers=0``), or, with ``num_workers=k``, in ``k`` worker
+processes (a `RecordPool`) whose finished batches the pipeline takes in
+through ``tf.data.Dataset.from_generator``: tf.data's parallel calls are
+threads, and the transform's Python holds the GIL.
 """
 
 from __future__ import annotations
@@ -24,9 +30,11 @@ from jaxfeed.loaders.backends.tfds_store import split_name, store
 from jaxfeed.loaders.bytes_field import BytesField
 from jaxfeed.loaders.checks import check_workers
 from jaxfeed.loaders.frameworks.tf import import_tensorflow, import_tfds
+from jaxfeed.loaders.rows import ArrayRows
 from jaxfeed.loaders.sampler import Sampler
 from jaxfeed.loaders.transform import RecordTransform
 from jaxfeed.loaders.workers.mapped_files import file_rows
+from jaxfeed.loaders.workers.record_pool import RecordPool
 
 OPTIONS = ("order", "num_workers")
 
@@ -126,12 +134,15 @@ class TfSource(SampledSource):
         several processes and ``drop_remainder=False`` the order is first
         padded with its own head to a multiple of ``process_count``, so every
         process yields the same number of batches.
-      transform: see `SampledSource`; it runs inside the tf.data pipeline, one
-        ``tf.numpy_function`` call per batch in a ``map`` (see `_transformed`).
-      num_workers: that map's ``num_parallel_calls`` (0: one batch at a
-        time). They are threads: a Python transform holds the GIL except
-        where it calls code that releases it (Pillow's decode and resize,
-        large numpy operations), so they speed up only those parts.
+      transform: see `SampledSource`. With ``num_workers=0`` it runs in this
+        process, on each batch's records as the tf.data pipeline gathers
+        them (see `_transformed`).
+      num_workers: with a transform, ``k`` spawned worker processes (a
+        `RecordPool`, kept across epochs until `close`) each read rows of the
+        dataset's arrays and transform whole batches; the tf.data pipeline is
+        ``Dataset.from_generator`` over their finished batches, in order (see
+        `_from_workers`). Processes, not tf.data's threads: a Python
+        transform holds the GIL except where it calls code that releases it.
 
     Raises:
       RuntimeError: the cached TFDS dataset does not match ``dataset``.
@@ -150,6 +161,14 @@ class TfSource(SampledSource):
         self.num_workers = check_workers("tf", num_workers, transform)
         self._idle: list[_Pipeline] = []  # one per epoch read at once (normally one)
         self._lock = threading.Lock()
+        self._workers: RecordPool | None = None
+        if self.num_workers:
+            # The workers read the dataset's own arrays (in place for files): no TFDS copy.
+            self._workers = RecordPool(
+                ArrayRows(dataset.arrays).read_batch, transform, self.num_workers
+            )
+            self.builder_dir = None
+            return
         if any(file_rows(array) is not None for array in dataset.arrays.values()):
             # On disk: read in place (a TFDS copy would double the disk and take minutes).
             self.builder_dir = None
@@ -171,6 +190,9 @@ class TfSource(SampledSource):
     def _fetch(
         self, index_batches: Sequence[np.ndarray], epoch: int = 0
     ) -> Iterator[Mapping[str, np.ndarray]]:
+        if self._workers is not None:
+            yield from self._from_workers(index_batches, epoch)
+            return
         if self.transform is not None:
             yield from self._transformed(index_batches, epoch)
             return
@@ -187,62 +209,65 @@ class TfSource(SampledSource):
     def _transformed(
         self, index_batches: Sequence[np.ndarray], epoch: int
     ) -> Iterator[Mapping[str, np.ndarray]]:
-        """The tf.data idiom for Python work on records: a pipeline over this
-        call's index batches that gathers each batch's tensors (bytes as
-        ``tf.string``) and runs the transform on its records in a
-        ``tf.numpy_function``, inside a ``map`` with ``num_workers`` parallel
-        calls (order kept). A call per batch, not per record: per record,
-        the call's own cost halved the rows/s. A new pipeline per epoch
-        (~10 ms, nothing beside a decode-bound epoch), so nothing runs ahead
-        of the rows asked for. Fields on disk are numpy arrays, read inside
-        the function."""
-        if not len(index_batches):
-            return
+        """The transform in this process, on each batch's records as a tf.data
+        pipeline over this call's index batches gathers them (bytes as
+        ``tf.string``), one batch ahead (``prefetch(1)``) while the transform
+        works. Fields on disk are read here. In the reading thread, not in a
+        ``tf.numpy_function`` inside the pipeline: that handed every batch to a
+        tf.data thread and back, and left a core idle for a fifth of the time
+        (docs/data.md)."""
         tf = import_tensorflow()
         tensors = {
             k: v for k, v in self._fields.items() if not isinstance(v, np.ndarray | BytesField)
         }
         held = {k: v for k, v in self._fields.items() if k not in tensors}
-        outputs = list(self._rows.items())
-        transform, failures = self.transform, []
+        gathered: Iterator[dict[str, Any]] = ({} for _ in index_batches)
+        if tensors and len(index_batches):
 
-        def run(indices: np.ndarray, *values: np.ndarray) -> list[np.ndarray]:
-            rows = dict(zip(tensors, values, strict=True))
+            def gather(indices: Any) -> dict[str, Any]:
+                return {key: tf.gather(column, indices) for key, column in tensors.items()}
+
+            batches = tf.data.Dataset.from_tensor_slices(np.stack(index_batches))
+            gathered = batches.map(gather).prefetch(1).as_numpy_iterator()
+        for indices, rows in zip(index_batches, gathered, strict=True):
             rows.update({key: field[indices] for key, field in held.items()})
+            yield self.transform.batch(rows, indices, epoch)
+
+    def _from_workers(
+        self, index_batches: Sequence[np.ndarray], epoch: int
+    ) -> Iterator[Mapping[str, np.ndarray]]:
+        """The tf.data idiom for batches made by Python elsewhere:
+        ``Dataset.from_generator`` over the worker processes' finished
+        batches. No ``prefetch``: the pool already keeps ``2 * num_workers``
+        batches in flight, and nothing runs the generator but the reader, so
+        closing the epoch closes it here (its pending batches dropped)."""
+        if not len(index_batches):
+            return
+        tf = import_tensorflow()
+        finished, failures = self._workers.batches(index_batches, epoch), []
+
+        def generate() -> Iterator[Mapping[str, np.ndarray]]:
             try:
-                batch = transform.batch(rows, indices, epoch)
+                yield from finished
             except Exception as err:  # re-raised as is by the reader, not as a TF error
                 failures.append(err)
                 raise
-            return [batch[key] for key, _ in outputs]
 
-        def one(indices: Any) -> dict[str, Any]:
-            values = [tf.gather(column, indices) for column in tensors.values()]
-            types = [tf.as_dtype(dtype) for _, (_, dtype) in outputs]
-            out = tf.numpy_function(run, [indices, *values], types, stateful=False)
-            return {
-                key: tf.ensure_shape(o, (self.batch_size, *shape))
-                for (key, (shape, _)), o in zip(outputs, out, strict=True)
-            }
+        signature = {
+            key: tf.TensorSpec((self.batch_size, *shape), tf.as_dtype(dtype))
+            for key, (shape, dtype) in self._rows.items()
+        }
+        batches = tf.data.Dataset.from_generator(generate, output_signature=signature)
+        try:
+            yield from _reraising(batches.as_numpy_iterator(), failures)
+        finally:
+            finished.close()
 
-        options = tf.data.Options()
-        options.experimental_optimization.map_parallelization = False  # num_workers decides
-        batches = tf.data.Dataset.from_tensor_slices(np.stack(index_batches))
-        if self.num_workers:
-            batches = batches.map(one, num_parallel_calls=self.num_workers, deterministic=True)
-        else:
-            batches = batches.map(one)
-        iterator = batches.with_options(options).as_numpy_iterator()
-        while True:
-            try:
-                batch = next(iterator)
-            except StopIteration:
-                return
-            except tf.errors.OpError:
-                if failures:
-                    raise failures[0] from None
-                raise
-            yield batch
+    def close(self) -> None:
+        """Stops the worker processes (if any); the next epoch starts new ones."""
+        super().close()
+        if self._workers is not None:
+            self._workers.close()
 
     def _native_epoch(self, epoch: int) -> Iterator[Mapping[str, np.ndarray]]:
         tf = import_tensorflow()
@@ -270,6 +295,23 @@ def build(dataset: ArrayDataset, sampler: Sampler, **options: Any) -> TfSource:
     """The backend's `BatchSource`; ``loaders.make`` has checked ``options``
     against `OPTIONS`."""
     return TfSource(dataset, sampler, **options)
+
+
+def _reraising(iterator: Iterator[Any], failures: list[Exception]) -> Iterator[Any]:
+    """``iterator``'s elements; a TF error that wraps an error of the
+    transform's (the first of ``failures``) raised as that error, which names
+    the row."""
+    tf = import_tensorflow()
+    while True:
+        try:
+            element = next(iterator)
+        except StopIteration:
+            return
+        except tf.errors.OpError:
+            if failures:
+                raise failures[0] from None
+            raise
+        yield element
 
 
 def _same_values(cached: np.ndarray, array: np.ndarray | BytesField) -> bool:

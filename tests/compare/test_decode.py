@@ -16,7 +16,9 @@ import pytest
 
 from jaxfeed.cli import main
 from jaxfeed.compare import processes
-from jaxfeed.compare.workloads.decode.report import format_report
+from jaxfeed.compare.workloads.decode.idioms import Records, tf_numpy_function
+from jaxfeed.compare.workloads.decode.report import format_report, ratios_and_targets
+from jaxfeed.compare.workloads.decode.workload import DecodeConfig, pipelines
 
 BATCH, BATCHES = 32, 3
 # A child that burns CPU for a while, then holds 200 MB until it is killed.
@@ -131,3 +133,43 @@ def test_cpu_and_memory_of_live_workers_are_counted():
     assert memory.children_mb >= 200
     assert memory.total_mb == pytest.approx(memory.self_mb + memory.children_mb)
     assert np.isfinite(memory.added_mb)
+
+
+def test_tf_gets_a_row_of_the_same_transform_beside_its_native_idiom():
+    records = Records([b""] * 4, np.zeros(4, np.int32))
+    config = DecodeConfig(backends=("tf",), workers=(0, 2))
+    rows = [(r.backend, r.name, r.workers) for r in pipelines(config, records)]
+    assert rows == [
+        ("tf", "jaxfeed", 0),
+        ("tf", "tf-data", 0),
+        ("tf", "tf-numpy-function", 0),
+        ("tf", "jaxfeed", 2),
+        ("tf", "tf-data", 2),
+        ("tf", "tf-numpy-function", 2),
+        ("tf", "tf-data", "auto"),
+    ]
+
+
+def test_vs_idiom_is_against_the_native_idiom_and_tf_workers_must_scale():
+    speeds = {("jaxfeed", 1): 50.0, ("jaxfeed", 2): 95.0, ("tf-data", 1): 100.0,
+              ("tf-data", 2): 100.0, ("tf-numpy-function", 1): 50.0,
+              ("tf-numpy-function", 2): 50.0}  # fmt: skip
+    rows = [{"backend": "tf", "pipeline": p, "workers": w, "median": {"samples_per_s": s}}
+            for (p, w), s in speeds.items()]  # fmt: skip
+    ratios, targets = ratios_and_targets(rows)
+    assert ratios["vs_idiom"]["tf"] == {"1": 0.5, "2": 0.95}
+    assert ratios["speedup_2_vs_1"]["tf"] == {"jaxfeed": 1.9, "tf-data": 1.0,
+                                              "tf-numpy-function": 1.0}  # fmt: skip
+    scaling = [t for t in targets if t["row"] == "tf jaxfeed"]
+    assert len(scaling) == 1 and scaling[0]["met"]
+
+
+def test_the_tf_numpy_function_row_runs_the_python_augment():
+    from transform_helpers import encoded_digits
+
+    records = Records.of(encoded_digits(8))
+    stream = tf_numpy_function(records, 4, 0, 2)
+    batch = next(stream)
+    stream.close()
+    assert batch["image"].shape == (4, 56, 56, 3) and batch["image"].dtype == np.float32
+    assert batch["label"].dtype == np.int32

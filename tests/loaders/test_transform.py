@@ -184,7 +184,7 @@ def test_a_bad_first_record_is_refused_when_the_source_is_made(fn, message):
         loaders.make("numpy", dataset={"x": np.arange(8)}, batch_size=4, transform=fn)
 
 
-@pytest.mark.parametrize("backend", ["numpy", "torch", "hf"])
+@pytest.mark.parametrize("backend", ["numpy", "torch", "tf", "hf"])
 def test_a_transform_workers_cannot_receive_is_refused_at_once(backend):
     with pytest.raises(TypeError, match="define it at the top level of a module"):
         loaders.make(backend, dataset={"x": np.arange(8)}, batch_size=4,

@@ -10,6 +10,11 @@ its batches identical across backends). tf.data's idiom is native ops
 (``tf.io.decode_png``, ``tf.image``) with the same crop scale, aspect ratio,
 flip and normalisation; its pixels differ slightly from Pillow's.
 
+Beside tf.data's native-ops idiom, `SAME_TRANSFORM` holds a tf.data row that
+runs `encoded.augment` itself through ``tf.numpy_function``, as a tf user runs
+Python in tf.data: so a reader can tell the framework's cost of Python work
+from jaxfeed's.
+
 Each idiom is a generator function ``(records, batch_size, seed, workers)``
 yielding endless numpy batches ``{"image": float32 [B, 56, 56, 3], "label":
 int32 [B]}`` (a short batch ends each epoch); closing it stops its workers.
@@ -215,6 +220,36 @@ def tf_data(records: Records, batch_size: int, seed: int, workers: int | str) ->
             yield {"image": image, "label": label}
 
 
+def tf_numpy_function(
+    records: Records, batch_size: int, seed: int, workers: int
+) -> Iterator[Batch]:
+    """``from_tensor_slices`` over the PNG strings, shuffled each epoch, a
+    ``map`` whose function calls `encoded.augment` on each record through
+    ``tf.numpy_function`` (one numpy generator shared by the map's threads),
+    ``num_parallel_calls`` = ``workers`` (0: sequential), ``batch``,
+    ``prefetch(AUTOTUNE)``."""
+    from jaxfeed.loaders.frameworks.tf import import_tensorflow
+
+    tf = import_tensorflow()
+    rng = np.random.default_rng(seed)
+
+    def augment(png: bytes, label: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        out = encoded.augment({"png": png, "label": label}, rng)
+        return out["image"], out["label"]
+
+    def record(png: Any, label: Any) -> tuple[Any, Any]:
+        image, label = tf.numpy_function(augment, [png, label], [tf.float32, tf.int32])
+        return tf.ensure_shape(image, [encoded.CROP, encoded.CROP, 3]), tf.ensure_shape(label, [])
+
+    ds = tf.data.Dataset.from_tensor_slices((records.png, records.label))
+    ds = ds.shuffle(len(records), seed=seed, reshuffle_each_iteration=True)
+    ds = ds.map(record, num_parallel_calls=workers or None)
+    ds = ds.batch(batch_size).prefetch(tf.data.AUTOTUNE)
+    while True:
+        for image, label in ds.as_numpy_iterator():
+            yield {"image": image, "label": label}
+
+
 @dataclasses.dataclass(frozen=True)
 class Idiom:
     """One framework's pipeline: its row name, what it is, and how to run it."""
@@ -261,3 +296,16 @@ IDIOMS: dict[str, Idiom] = {
         _given,
     ),
 }
+
+SAME_TRANSFORM: dict[str, Idiom] = {
+    "tf": Idiom(
+        "tf-numpy-function",
+        "tf.data: the same Python augment in tf.numpy_function in map(num_parallel_calls)",
+        tf_numpy_function,
+        _given,
+    ),
+}
+"""Rows beside a framework's idiom whose pipeline is the framework's, but whose
+per-record work is jaxfeed's transform, where the idiom does other work (tf:
+native ops): the framework's own cost of the same Python. Not what ``vs
+idiom`` compares with."""

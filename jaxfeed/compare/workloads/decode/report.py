@@ -9,10 +9,11 @@ from __future__ import annotations
 from typing import Any
 
 from jaxfeed.compare.report import fixed_table, target, verdict
+from jaxfeed.compare.workloads.decode.idioms import IDIOMS
 
 WITHIN = 1.1  # a jaxfeed backend's throughput at most this much below its idiom's
 SPEEDUP = 1.7  # 2 workers over 1, for backends whose workers are processes
-PROCESS_BASED = ("numpy", "torch", "grain", "hf")  # tf's are threads of one process
+PROCESS_BASED = ("numpy", "torch", "tf", "grain", "hf")
 
 
 def _throughput(rows: list[dict]) -> dict[tuple, float]:
@@ -34,10 +35,8 @@ def ratios_and_targets(rows: list[dict]) -> tuple[dict, list[dict]]:
     for (backend, pipeline, workers), value in speed.items():
         if pipeline != "jaxfeed":
             continue
-        idiom = next(
-            (s for (b, p, w), s in speed.items() if (b, w) == (backend, workers) and p != pipeline),
-            None,
-        )
+        # The framework's idiom, not a row of the same transform in it (`SAME_TRANSFORM`).
+        idiom = speed.get((backend, IDIOMS[backend].name, workers)) if backend in IDIOMS else None
         if idiom is not None:
             ratio = value / idiom
             ratios["vs_idiom"].setdefault(backend, {})[str(workers)] = ratio

@@ -32,7 +32,7 @@ import platform
 import statistics
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +44,7 @@ from jaxfeed import loaders
 from jaxfeed.compare import processes, training
 from jaxfeed.compare.runner import medians
 from jaxfeed.compare.workloads.decode import idioms, own_readers
-from jaxfeed.compare.workloads.decode.idioms import IDIOMS, Records
+from jaxfeed.compare.workloads.decode.idioms import IDIOMS, SAME_TRANSFORM, Records
 from jaxfeed.compare.workloads.decode.report import ratios_and_targets
 from jaxfeed.compare.workloads.decode.rows import IdiomOpened, JaxfeedOpened, Pipeline
 from jaxfeed.loaders.data import encoded
@@ -77,7 +77,8 @@ class DecodeConfig:
 
 
 def pipelines(config: DecodeConfig, records: Records) -> list[Pipeline]:
-    """Every row, a jaxfeed row before its idiom at the same worker count."""
+    """Every row, a jaxfeed row before its idiom at the same worker count (and
+    then the framework's row of the same transform, `idioms.SAME_TRANSFORM`)."""
     if config.dataset != DATASET:
         return file_pipelines(config)
     common = dict(
@@ -88,6 +89,14 @@ def pipelines(config: DecodeConfig, records: Records) -> list[Pipeline]:
         seed=config.seed,
     )
     per_epoch = math.ceil(len(records) / config.batch_size)
+
+    def opener(idiom: idioms.Idiom, k: int | str) -> Callable[[], IdiomOpened]:
+        def run_idiom() -> IdiomOpened:
+            stream = idiom.stream(records, config.batch_size, config.seed, k)
+            return IdiomOpened(stream, config.batch_size, per_epoch)
+
+        return run_idiom
+
     out = []
     for backend in config.backends:
         idiom = IDIOMS.get(backend) if config.idioms else None
@@ -102,12 +111,10 @@ def pipelines(config: DecodeConfig, records: Records) -> list[Pipeline]:
                 what = f"jaxfeed.make({backend!r}, dataset={DATASET!r}, num_workers={k})"
                 out.append(Pipeline(backend, "jaxfeed", k, what, make))
             if k in counts:
-
-                def run_idiom(idiom=idiom, k=k) -> IdiomOpened:
-                    stream = idiom.stream(records, config.batch_size, config.seed, k)
-                    return IdiomOpened(stream, config.batch_size, per_epoch)
-
-                out.append(Pipeline(backend, idiom.name, k, idiom.description, run_idiom))
+                out.append(Pipeline(backend, idiom.name, k, idiom.description, opener(idiom, k)))
+            same = SAME_TRANSFORM.get(backend) if config.idioms else None
+            if same is not None and k in same.workers(config.workers):
+                out.append(Pipeline(backend, same.name, k, same.description, opener(same, k)))
     return out
 
 
@@ -355,6 +362,8 @@ NOTES = {
     "first_batch_s": "from building a fresh pipeline (the split already in memory) to its "
     "first batch, worker start included",
     "tf-data": f"native ops; workers={idioms.AUTO!r} is num_parallel_calls=AUTOTUNE",
+    "tf-numpy-function": "tf.data running jaxfeed's Python transform (tf.numpy_function per "
+    "record): the framework's cost of that work, beside the native-ops idiom that vs idiom uses",
 }
 
 
