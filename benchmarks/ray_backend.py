@@ -288,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--part", choices=("all", "decode", "scaling", "feed"), default="all")
     parser.add_argument("--data-dir", default=str(SHARED_MNIST), help="MNIST IDX files (mnist-10k)")
     parser.add_argument("--batch-size", type=int, default=128)
-    parser.add_argument("--scaling-rows", type=int, default=512)
+    parser.add_argument("--scaling-rows", type=int, default=2048)
     parser.add_argument("--feed-rows", type=int, default=100_000)
     parser.add_argument("--repeats", type=int, default=3, help="decode: timed passes per row")
     parser.add_argument("--tag", default="cpu")
