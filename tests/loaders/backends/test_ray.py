@@ -260,16 +260,22 @@ threading.Event().wait()
 """
 
 
-def test_no_ray_process_outlives_a_sigterm():
-    # (Ctrl-C takes the same way out, through exit and atexit; one start is enough.)
+def _start_an_instance() -> subprocess.Popen:
+    """A process that starts a local instance (no ``RAY_ADDRESS``), prints
+    ``ready`` once its first batch is read, and then waits to be stopped."""
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    child = subprocess.Popen(
+    return subprocess.Popen(
         [sys.executable, "-c", _STARTS_AN_INSTANCE],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,
     )
+
+
+def test_no_ray_process_outlives_a_sigterm():
+    # (Ctrl-C takes the same way out, through exit and atexit; one start is enough.)
+    child = _start_an_instance()
     try:
         assert child.stdout.readline() == "ready\n"  # the local instance runs
         started = ray_processes(child.pid)
@@ -289,14 +295,7 @@ def test_no_ray_process_outlives_a_sigkill():
     # Ray ties its GCS and raylet to the driver, but its dashboard and runtime-env
     # agents outlive a killed one (by about a minute): jaxfeed's reaper ends them,
     # and ends itself only after they are gone.
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    child = subprocess.Popen(
-        [sys.executable, "-c", _STARTS_AN_INSTANCE],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-    )
+    child = _start_an_instance()
     import psutil
 
     started = []
