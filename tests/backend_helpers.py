@@ -48,3 +48,28 @@ def process_alive(pid: int) -> bool:
             return not any(line.startswith("State:\tZ") for line in status)
     except FileNotFoundError:
         return False
+
+
+class StartsAfter:
+    """A process target that a spawned child finishes unpickling only once
+    ``path`` exists, so the child is still starting while the test acts (kills
+    its parent); then it waits forever, for its parent's watch to end it."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def __getstate__(self) -> str:
+        return self.path
+
+    def __setstate__(self, path: str) -> None:
+        import os
+        import time
+
+        self.path = path
+        while not os.path.exists(path):  # the test's event: a file it creates
+            time.sleep(0.05)
+
+    def __call__(self) -> None:
+        import threading
+
+        threading.Event().wait()

@@ -164,12 +164,15 @@ _PARENT_POLL_SECONDS = 0.5
 
 class _StopSignalsIgnoringProcess(SpawnProcess):
     def start(self) -> None:
+        # Sent with the process: a child still starting when its parent is
+        # killed would otherwise take its new parent (init) for the one to watch.
+        self._jaxfeed_parent = os.getpid()
         with children_ignore_stop_signals():
             super().start()
 
     def run(self) -> None:  # in the child
         _sigterm_only_from_parent()
-        exit_with_parent()
+        exit_with_parent(self._jaxfeed_parent)
         super().run()
 
 

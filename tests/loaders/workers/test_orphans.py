@@ -75,6 +75,45 @@ def test_a_run_killed_outright_leaves_no_worker_and_no_batch_directory(backend):
     assert not [d for d in said["made"] if os.path.exists(d)]  # ...and gone with the next run
 
 
+# Starts a spawned worker that is still starting when this process is killed.
+_LATE = r"""
+import sys
+sys.path.insert(0, sys.argv[2])
+from backend_helpers import StartsAfter
+from jaxfeed.loaders.workers.spawn import SPAWN
+
+child = SPAWN.Process(target=StartsAfter(sys.argv[1]))
+child.start()
+print(child.pid, flush=True)
+sys.stdin.read()
+"""
+
+
+def test_a_worker_still_starting_when_its_parent_is_killed_ends_too(tmp_path):
+    # Under load a worker may still be importing when its parent is killed;
+    # it must not take its new parent (init) for the one whose death it awaits.
+    go = tmp_path / "parent-killed"
+    run = subprocess.Popen(
+        [sys.executable, "-c", _LATE, str(go), str(TESTS)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        child = int(run.stdout.readline())
+    finally:
+        run.send_signal(signal.SIGKILL)
+        run.wait(timeout=60)
+    go.touch()  # the child finishes starting only now, its parent gone
+    deadline = time.monotonic() + 60
+    while process_alive(child) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    alive = process_alive(child)
+    if alive:
+        os.kill(child, signal.SIGKILL)
+    assert not alive, "a worker that started after its parent was killed lived on"
+
+
 def test_a_full_dev_shm_is_named_with_its_size_and_the_fix(monkeypatch):
     import builtins
     import errno
