@@ -16,11 +16,27 @@ from jaxfeed.loaders.workers.read_depth import ReadDepth
 from jaxfeed import loaders
 
 
-def test_read_ahead_asks_for_the_coming_blocks_as_long_ranges(tmp_path, monkeypatch):
+def _record_asks(monkeypatch, window: int) -> list[tuple[int, int]]:
+    """The (address, length) of every ask to the kernel, none made for real, as
+    if nothing were cached, on a device whose read-ahead window is ``window``."""
     asked = []
     monkeypatch.setattr(disk_read_ahead, "_MADVISE", lambda *a: asked.append(a[:2]))
-    monkeypatch.setattr(disk_read_ahead, "_MINCORE", None)  # as if nothing were cached
-    monkeypatch.setattr(disk_read_ahead, "read_window", lambda address: 8 << 20)
+    monkeypatch.setattr(disk_read_ahead, "_MINCORE", None)
+    monkeypatch.setattr(disk_read_ahead, "read_window", lambda address: window)
+    return asked
+
+
+def _read_ahead_all(x: np.ndarray, plan, asked: list[tuple[int, int]]) -> None:
+    """Runs a read-ahead over ``plan`` until it has asked for ``x``'s bytes (or 10 s)."""
+    ahead = DiskReadAhead(mapped_rows([x]), plan)
+    deadline = time.monotonic() + 10
+    while sum(n for _, n in asked) < x.nbytes and time.monotonic() < deadline:
+        time.sleep(0.01)
+    ahead.close()
+
+
+def test_read_ahead_asks_for_the_coming_blocks_as_long_ranges(tmp_path, monkeypatch):
+    asked = _record_asks(monkeypatch, 8 << 20)
     directory = tmp_path / "d"
     directory.mkdir()
     np.save(directory / "x.npy", np.zeros((4000, 1024), np.uint8))
@@ -44,18 +60,11 @@ def test_read_ahead_asks_for_the_coming_blocks_as_long_ranges(tmp_path, monkeypa
 
 def test_long_ranges_are_asked_for_in_pieces_the_kernel_reads_whole(tmp_path, monkeypatch):
     # MADV_WILLNEED reads at most the device's read-ahead window per call.
-    asked = []
-    monkeypatch.setattr(disk_read_ahead, "_MADVISE", lambda *a: asked.append(a[:2]))
-    monkeypatch.setattr(disk_read_ahead, "_MINCORE", None)
-    monkeypatch.setattr(disk_read_ahead, "read_window", lambda address: 64 << 10)
+    asked = _record_asks(monkeypatch, 64 << 10)
     np.save(tmp_path / "x.npy", np.zeros((4000, 1024), np.uint8))
     x = np.load(tmp_path / "x.npy", mmap_mode="r")
     plan = [np.arange(1000 * i, 1000 * (i + 1)) for i in range(4)]  # 4 batches of 1000 KiB
-    ahead = DiskReadAhead(mapped_rows([x]), plan)
-    deadline = time.monotonic() + 10
-    while sum(n for _, n in asked) < x.nbytes and time.monotonic() < deadline:
-        time.sleep(0.01)
-    ahead.close()
+    _read_ahead_all(x, plan, asked)
     assert all(length <= 64 << 10 for _, length in asked), asked
     pieces = sorted(asked)  # they cover every row, with no gap
     assert pieces[0][0] <= x.ctypes.data and sum(pieces[-1]) >= x.ctypes.data + x.nbytes
@@ -63,20 +72,13 @@ def test_long_ranges_are_asked_for_in_pieces_the_kernel_reads_whole(tmp_path, mo
 
 
 def test_a_window_of_blocks_is_asked_for_once_not_once_per_batch(tmp_path, monkeypatch):
-    asked = []
-    monkeypatch.setattr(disk_read_ahead, "_MADVISE", lambda *a: asked.append(a[:2]))
-    monkeypatch.setattr(disk_read_ahead, "_MINCORE", None)
-    monkeypatch.setattr(disk_read_ahead, "read_window", lambda address: 8 << 20)
+    asked = _record_asks(monkeypatch, 8 << 20)
     np.save(tmp_path / "x.npy", np.zeros((4000, 1024), np.uint8))
     x = np.load(tmp_path / "x.npy", mmap_mode="r")
     # Windows of 4 blocks of 100 rows, batches of 100: each batch spans its window's 4 blocks.
     sampler = Sampler(4000, 100, shuffle="blocks", block_rows=100, window_blocks=4)
     plan = [i for i, _ in sampler.epoch_plan(0)]
-    ahead = DiskReadAhead(mapped_rows([x]), plan)
-    deadline = time.monotonic() + 10
-    while sum(n for _, n in asked) < x.nbytes and time.monotonic() < deadline:
-        time.sleep(0.01)
-    ahead.close()
+    _read_ahead_all(x, plan, asked)
     # Once, plus the 64 KiB cells at the ends of ranges, which neighbours share: not 4 times.
     assert x.nbytes <= sum(n for _, n in asked) < 1.5 * x.nbytes
 
