@@ -14,6 +14,7 @@ os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
 os.environ["JAXFEED_MNIST_MIRRORS"] = "http://127.0.0.1:9/"
 
 import functools
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -43,6 +44,17 @@ def mnist_dir(tmp_path_factory) -> Path:
     write_idx(directory / mnist.T10K_LABELS, labels)
     write_idx(directory / mnist.TRAIN_LABELS, labels[::-1].copy())
     return directory
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _temporary_files_under_pytest(tmp_path_factory):
+    """This process's temporary files go under pytest's own directory (which
+    pytest prunes), not into ``/tmp`` for good: tfds's own builders, which
+    some tests call directly, leave an empty ``tmp*tfds`` directory each.
+    ``TMPDIR`` is left alone: Ray takes its socket paths from it."""
+    saved, tempfile.tempdir = tempfile.tempdir, str(tmp_path_factory.mktemp("tempfiles"))
+    yield
+    tempfile.tempdir = saved
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -2,13 +2,17 @@
 
 Each notebook is executed with nbclient (any cell error fails its test), then
 its printed output is checked. The kernel inherits this process's environment,
-so each test gets its own empty jaxfeed cache through JAXFEED_CACHE_DIR.
+so each test gets its own empty jaxfeed cache through JAXFEED_CACHE_DIR, and
+its own TMPDIR, removed after it: the notebooks keep their results in
+temporary directories for a reader to look at, which a test run must not leave.
 """
 
 from __future__ import annotations
 
 import ast
 import re
+import shutil
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -260,5 +264,11 @@ def test_committed_notebook_has_no_outputs(name):
 def test_notebook_runs_and_shows_its_results(name, tmp_path, monkeypatch):
     monkeypatch.setenv("JAXFEED_CACHE_DIR", str(tmp_path / "jaxfeed-cache"))
     monkeypatch.delenv("JAXFEED_DATA_DIR", raising=False)
-    nb = _execute(name)
+    # Short, under /tmp: Ray (notebook 07) puts its sockets under TMPDIR.
+    scratch = tempfile.mkdtemp(prefix="jf-nb-", dir="/tmp")
+    monkeypatch.setenv("TMPDIR", scratch)
+    try:
+        nb = _execute(name)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
     CHECKS[name](_stdout(nb), nb)
