@@ -211,6 +211,17 @@ def cpu_seconds(processes: list) -> float:
     return total
 
 
+def read_bytes(processes: list) -> int:
+    """Bytes ``processes`` (psutil) caused to be read from storage, the living ones."""
+    total = 0
+    for process in processes:
+        try:
+            total += process.io_counters().read_bytes
+        except Exception:  # ended
+            continue
+    return total
+
+
 def measure(args: argparse.Namespace) -> dict:
     """One backend, order and temperature, in this (fresh) process."""
     import psutil
@@ -250,12 +261,13 @@ def measure(args: argparse.Namespace) -> dict:
     rows, first_rows, first_s, children, children_before = 0, 0, 0.0, [], 0.0
     this = psutil.Process()
     disk = DiskWatch(directory / "image.npy")
-    cpu_before = cpu_seconds([this])
+    cpu_before, read_before = cpu_seconds([this]), read_bytes([this])
     started = time.perf_counter()
     for batch in source.iter_epoch(0):
         if not rows:  # worker processes (torch, grain) run now: their start-up is not counted
             children = this.children(recursive=True)
             children_before = cpu_seconds(children)
+            read_before -= read_bytes(children)
             first_s = time.perf_counter() - started
         rows += int(batch["mask"].sum())
         first_rows = first_rows or rows
@@ -264,6 +276,7 @@ def measure(args: argparse.Namespace) -> dict:
     seconds = time.perf_counter() - started
     disk.sample()
     cpu = cpu_seconds([this]) - cpu_before + cpu_seconds(children) - children_before
+    read_MB = (read_bytes([this, *children]) - read_before) / 1e6
     used_MB = rows * ROW_BYTES / 1e6
     return {
         "first_batch_s": first_s,
@@ -272,6 +285,7 @@ def measure(args: argparse.Namespace) -> dict:
         "cpu_s_per_GB": cpu / max(used_MB / 1e3, 1e-9),
         **disk.summary(),
         "disk_read_per_used": disk.summary()["disk_read_MB"] / max(used_MB, 1e-9),
+        "own_read_per_used": read_MB / max(used_MB, 1e-9),  # this process and its workers
         "make_s": make_s,
         "rows_per_s": rows / seconds,
         "MB_per_s": rows * ROW_BYTES / seconds / 1e6,
@@ -353,7 +367,9 @@ def main() -> None:
                         f"RssAnon {got['peak_rss_anon_MiB']:5.0f} MiB  "
                         f"CPU {got['cpu_s_per_GB']:5.2f} s/GB  disk busy "
                         f"{100 * got['disk_busy']:3.0f}%, {got['disk_in_flight']:4.1f} in flight, "
-                        f"read/used {got['disk_read_per_used']:4.2f}"
+                        f"read/used {got['disk_read_per_used']:4.2f} (own "
+                        f"{got['own_read_per_used']:4.2f}), after the first batch "
+                        f"{got['rows_per_s_after_first']:,.0f} rows/s"
                         if "error" not in got
                         else f"error {got['error']}"
                     )
