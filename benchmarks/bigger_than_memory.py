@@ -164,9 +164,70 @@ def process_slices(data: Path, batch: int) -> dict:
     }
 
 
+class DiskWatch:
+    """The disk holding ``path``, sampled from ``/proc/diskstats`` while a run
+    reads: how busy it was (the kernel's ``io_ticks``), the mean requests in
+    flight, and the bytes it read (the whole disk's: other work counts too)."""
+
+    def __init__(self, path: Path):
+        device = os.stat(path).st_dev
+        name = Path(f"/sys/dev/block/{os.major(device)}:{os.minor(device)}").resolve().name
+        self._name = name
+        self._samples: list[int] = []  # requests in flight, one per sample
+        self._first = self._last = self._read()
+
+    def _read(self) -> tuple[float, int, int]:
+        """(now, sectors read, ms busy) of the disk."""
+        with open("/proc/diskstats") as stats:
+            for line in stats:
+                fields = line.split()
+                if fields[2] == self._name:
+                    self._samples.append(int(fields[11]))
+                    return time.perf_counter(), int(fields[5]), int(fields[12])
+        return time.perf_counter(), 0, 0
+
+    def sample(self) -> None:
+        self._last = self._read()
+
+    def summary(self) -> dict[str, float]:
+        (t0, sectors0, busy0), (t1, sectors1, busy1) = self._first, self._last
+        seconds = max(t1 - t0, 1e-9)
+        return {
+            "disk_busy": (busy1 - busy0) / 1e3 / seconds,
+            "disk_in_flight": sum(self._samples) / max(1, len(self._samples)),
+            "disk_read_MB": (sectors1 - sectors0) * 512 / 1e6,
+        }
+
+
+def cpu_seconds(processes: list) -> float:
+    """User and system CPU seconds of ``processes`` (psutil), the living ones."""
+    total = 0.0
+    for process in processes:
+        try:
+            times = process.cpu_times()
+        except Exception:  # ended
+            continue
+        total += times.user + times.system
+    return total
+
+
+def read_bytes(processes: list) -> int:
+    """Bytes ``processes`` (psutil) caused to be read from storage, the living ones."""
+    total = 0
+    for process in processes:
+        try:
+            total += process.io_counters().read_bytes
+        except Exception:  # ended
+            continue
+    return total
+
+
 def measure(args: argparse.Namespace) -> dict:
     """One backend, order and temperature, in this (fresh) process."""
+    import psutil
+
     peak = [0]
+    disk = DiskWatch(Path(args.data) / "image.npy")
 
     def rss_anon() -> int:
         with open("/proc/self/status") as status:
@@ -178,6 +239,7 @@ def measure(args: argparse.Namespace) -> dict:
     def watch() -> None:
         while True:
             peak[0] = max(peak[0], rss_anon())
+            disk.sample()
             time.sleep(0.05)
 
     threading.Thread(target=watch, daemon=True).start()
@@ -196,14 +258,34 @@ def measure(args: argparse.Namespace) -> dict:
     if args.temperature == "cold":  # make() read the files and wrote hf's Arrow copy
         cache = Path(os.environ["JAXFEED_CACHE_DIR"])
         evict([*directory.glob("*.npy"), *(f for f in cache.rglob("*") if f.is_file())])
-    rows = 0
+    rows, first_rows, first_s, children, children_before = 0, 0, 0.0, [], 0.0
+    this = psutil.Process()
+    disk = DiskWatch(directory / "image.npy")
+    cpu_before, read_before = cpu_seconds([this]), read_bytes([this])
     started = time.perf_counter()
     for batch in source.iter_epoch(0):
+        if not rows:  # worker processes (torch, grain) run now: their start-up is not counted
+            children = this.children(recursive=True)
+            children_before = cpu_seconds(children)
+            read_before -= read_bytes(children)
+            first_s = time.perf_counter() - started
         rows += int(batch["mask"].sum())
+        first_rows = first_rows or rows
         if time.perf_counter() - started > args.window:
             break
     seconds = time.perf_counter() - started
+    disk.sample()
+    cpu = cpu_seconds([this]) - cpu_before + cpu_seconds(children) - children_before
+    read_MB = (read_bytes([this, *children]) - read_before) / 1e6
+    used_MB = rows * ROW_BYTES / 1e6
     return {
+        "first_batch_s": first_s,
+        "rows_per_s_after_first": (rows - first_rows) / max(seconds - first_s, 1e-9),
+        "cpu_s": cpu,
+        "cpu_s_per_GB": cpu / max(used_MB / 1e3, 1e-9),
+        **disk.summary(),
+        "disk_read_per_used": disk.summary()["disk_read_MB"] / max(used_MB, 1e-9),
+        "own_read_per_used": read_MB / max(used_MB, 1e-9),  # this process and its workers
         "make_s": make_s,
         "rows_per_s": rows / seconds,
         "MB_per_s": rows * ROW_BYTES / seconds / 1e6,
@@ -282,7 +364,12 @@ def main() -> None:
                     line = f"{_count(rows):>5} {backend:5} {order:6} {temperature}: " + (
                         f"{got['rows_per_s']:>10,.0f} rows/s {got['MB_per_s']:7.0f} MB/s  "
                         f"make {got['make_s']:6.1f} s  "
-                        f"RssAnon {got['peak_rss_anon_MiB']:5.0f} MiB"
+                        f"RssAnon {got['peak_rss_anon_MiB']:5.0f} MiB  "
+                        f"CPU {got['cpu_s_per_GB']:5.2f} s/GB  disk busy "
+                        f"{100 * got['disk_busy']:3.0f}%, {got['disk_in_flight']:4.1f} in flight, "
+                        f"read/used {got['disk_read_per_used']:4.2f} (own "
+                        f"{got['own_read_per_used']:4.2f}), after the first batch "
+                        f"{got['rows_per_s_after_first']:,.0f} rows/s"
                         if "error" not in got
                         else f"error {got['error']}"
                     )

@@ -11,6 +11,7 @@ from jaxfeed.loaders.backends import sampled_source
 from jaxfeed.loaders.sampler import Sampler
 from jaxfeed.loaders.workers import disk_read_ahead
 from jaxfeed.loaders.workers.disk_read_ahead import DiskReadAhead, mapped_rows
+from jaxfeed.loaders.workers.mapped_files import memmap_of
 from jaxfeed.loaders.workers.read_depth import ReadDepth
 
 from jaxfeed import loaders
@@ -164,3 +165,16 @@ def test_without_mapped_fields_it_starts_nothing():
         ahead.reached(step)
     ahead.close()
     assert not ahead.threads
+
+
+@pytest.mark.parametrize("shuffle, random", [(True, True), ("blocks", True), (False, False)])
+def test_past_memory_shuffled_orders_read_pages_not_read_around(
+    on_disk, monkeypatch, shuffle, random
+):
+    # Block order read around a fault too: 1.34-1.48 bytes read per byte used, cold.
+    monkeypatch.setattr(sampled_source, "_bigger_than_half_of_memory", lambda dataset: True)
+    kwargs = {"block_rows": 500} if shuffle == "blocks" else {}
+    source = loaders.make("numpy", dataset=on_disk, batch_size=256, shuffle=shuffle, **kwargs)
+    next(iter(source.iter_epoch(0)))
+    for array in source.dataset.arrays.values():
+        assert memmap_of(array)._jaxfeed_random_reads is random
