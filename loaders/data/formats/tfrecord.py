@@ -19,8 +19,9 @@ step by far), and a damaged record usually fails to parse as an Example.
 
 from __future__ import annotations
 
-import gzip
+import itertools
 import struct
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -66,26 +67,58 @@ def tfrecord_records(path: Path) -> Iterator[Record]:
     """Each record of ``path`` in order, as ``(file, index, bytes)``.
 
     Raises:
-      ValueError: the file ends inside a record, or a length fails its
-        checksum (the message names the file and the record), after the
-        records before it.
+      ValueError: the file ends inside a record, a length fails its
+        checksum, or the gzip stream is damaged (the message names the file
+        and the record), after the records before it.
     """
     with open(path, "rb") as raw:
         compressed = raw.read(2) == GZIP_MAGIC
-    name, index, data = str(path), 0, b""
-    with gzip.open(path, "rb") if compressed else open(path, "rb") as file:
-        while True:
-            chunk = file.read(max(_CHUNK_BYTES, _wanted(data) - len(data)))
-            data = data + chunk if data else chunk
-            frames, rest, error = _frames(data, path, index, at_end=not chunk)
-            for start, stop in frames:
-                yield name, index, data[start:stop]
-                index += 1
-            if error is not None:
-                raise error
-            data = data[rest:]
-            if not chunk:
-                return
+    name, index = str(path), 0
+    with open(path, "rb") as file:
+        chunks = _gunzipped(file) if compressed else iter(lambda: file.read(_CHUNK_BYTES), b"")
+        pieces: list[bytes] = []
+        have, wanted = 0, _HEADER
+        try:
+            for chunk in itertools.chain(chunks, [b""]):
+                pieces.append(chunk)
+                have += len(chunk)
+                if chunk and have < wanted:  # a record longer than a chunk: gather more first
+                    continue
+                data = b"".join(pieces)
+                frames, rest, error = _frames(data, path, index, at_end=not chunk)
+                for start, stop in frames:
+                    yield name, index, data[start:stop]
+                    index += 1
+                if error is not None:
+                    raise error
+                pieces = [data[rest:]]
+                have, wanted = len(pieces[0]), _wanted(pieces[0])
+        except (EOFError, zlib.error) as err:
+            raise _damaged(path, index, f"its gzip stream is damaged ({err})") from None
+
+
+def _gunzipped(file) -> Iterator[bytes]:
+    """The decompressed bytes of a gzip file (of one or more members), a few
+    MB at a time; zlib checks each member's CRC-32 and length.
+
+    Raises:
+      EOFError: the stream ends inside a member.
+      zlib.error: the stream is damaged.
+    """
+    inflate = zlib.decompressobj(wbits=31)
+    while data := file.read(_CHUNK_BYTES // 4):
+        while data:
+            out = inflate.decompress(data, _CHUNK_BYTES)  # bounded: a run of zeros inflates a lot
+            data = inflate.unconsumed_tail
+            if inflate.eof and inflate.unused_data:  # the next member
+                data = inflate.unused_data + data
+                inflate = zlib.decompressobj(wbits=31)
+            if out:
+                yield out
+    if out := inflate.flush():  # what the last bounded call held back
+        yield out
+    if not inflate.eof:
+        raise EOFError("it ends before its end-of-stream marker")
 
 
 def _wanted(data: bytes) -> int:
