@@ -247,36 +247,48 @@ def _scan(buf: bytes) -> tuple[tuple[tuple[bytes, int], ...], list[bytes]] | Non
     wire order and each one's payload (the one bytes value, the packed
     floats or varints), for the layout TensorFlow and `serialize_example`
     write; None for any other (`parse_example` reads it, or says what is
-    wrong). One pass, no generators: the per-record cost of a copy."""
+    wrong). One pass, no generators, each length read inline when it is one
+    byte: this is the per-record cost of a copy."""
     layout: list[tuple[bytes, int]] = []
     payloads: list[bytes] = []
     try:
         if buf[0] != 0x0A:  # Example.features
             return None
-        size, pos = _varint(buf, 1)
+        size, pos = buf[1], 2
+        if size >= 0x80:
+            size, pos = _varint(buf, 1)
         total = len(buf)
         if pos + size != total:
             return None
         while pos < total:
             if buf[pos] != 0x0A:  # Features.feature: a map entry
                 return None
-            size, pos = _varint(buf, pos + 1)
+            size, pos = buf[pos + 1], pos + 2
+            if size >= 0x80:
+                size, pos = _varint(buf, pos - 1)
             end = pos + size
-            if buf[pos] != 0x0A:  # the entry's key
+            if buf[pos] != 0x0A:  # the entry's key: the name
                 return None
-            size, pos = _varint(buf, pos + 1)
-            name = buf[pos : pos + size]
-            pos += size
+            size, pos = buf[pos + 1], pos + 2
+            if size >= 0x80:
+                size, pos = _varint(buf, pos - 1)
+            name, pos = buf[pos : pos + size], pos + size
             if buf[pos] != 0x12:  # the entry's value: a Feature
                 return None
-            size, pos = _varint(buf, pos + 1)
+            size, pos = buf[pos + 1], pos + 2
+            if size >= 0x80:
+                size, pos = _varint(buf, pos - 1)
             tag = buf[pos]
             if pos + size != end or tag not in (0x0A, 0x12, 0x1A):  # bytes/float/int64 list
                 return None
-            size, pos = _varint(buf, pos + 1)
+            size, pos = buf[pos + 1], pos + 2
+            if size >= 0x80:
+                size, pos = _varint(buf, pos - 1)
             if not size or pos + size != end or buf[pos] != 0x0A:  # the list's one value
                 return None
-            size, pos = _varint(buf, pos + 1)
+            size, pos = buf[pos + 1], pos + 2
+            if size >= 0x80:
+                size, pos = _varint(buf, pos - 1)
             if pos + size != end:
                 return None
             layout.append((name, tag >> 3))
