@@ -10,11 +10,18 @@ users all write.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 
 import numpy as np
 
-__all__ = ["Feature", "Record", "example_batches", "parse_example", "serialize_example"]
+__all__ = [
+    "Feature",
+    "Record",
+    "example_batches",
+    "parse_example",
+    "serialize_example",
+    "serialize_examples",
+]
 
 Record = tuple[str, int, bytes]
 """A serialized record and where it lies: ``(file, index in the file, bytes)``."""
@@ -367,6 +374,78 @@ def serialize_example(row: dict[str, bytes | np.ndarray]) -> bytes:
             _length_field(1, _length_field(1, name.encode()) + _length_field(2, feature))
         )
     return _length_field(1, b"".join(entries))
+
+
+def serialize_examples(columns: dict[str, Sequence[bytes] | np.ndarray]) -> list[bytes]:
+    """`serialize_example` of each row of ``columns`` (per field a sequence
+    of ``bytes`` or an array ``[rows, *shape]``), the same bytes, made a
+    batch at a time: the numbers of a field encoded at once, and each
+    feature's framing (its name and the lengths around its values) built
+    once per value length, not per row."""
+    fields = []
+    for name, values in columns.items():
+        if isinstance(values, np.ndarray) and values.dtype.kind in "biuf":
+            payloads = _number_payloads(values)
+            number = 2 if values.dtype.kind == "f" else 3
+        else:
+            payloads, number = [bytes(v) for v in values], 1
+        fields.append((_Framing(name, number), payloads))
+    out = []
+    for row in zip(*(payloads for _, payloads in fields), strict=True):
+        parts = [b""]
+        for (framing, _), payload in zip(fields, row, strict=True):
+            parts += (framing(len(payload)), payload)
+        size = sum(map(len, parts))
+        parts[0] = b"\n" + _varint_bytes(size)  # Example.features: field 1, a length
+        out.append(b"".join(parts))
+    return out
+
+
+class _Framing:
+    """The bytes before a feature's values (the map entry, its name, the
+    Feature and the list around them), by the values' length."""
+
+    def __init__(self, name: str, number: int):
+        self._name, self._number = name.encode(), number
+        self._known: dict[int, bytes] = {}
+
+    def __call__(self, length: int) -> bytes:
+        framing = self._known.get(length)
+        if framing is None:
+            values = _varint_bytes(1 << 3 | _LEN) + _varint_bytes(length)  # the list's field 1
+            feature = _varint_bytes(self._number << 3 | _LEN) + _varint_bytes(len(values) + length)
+            body = _length_field(1, self._name) + _varint_bytes(2 << 3 | _LEN)
+            body += _varint_bytes(len(feature) + len(values) + length) + feature + values
+            framing = _varint_bytes(1 << 3 | _LEN) + _varint_bytes(len(body) + length) + body
+            if len(self._known) < 4096:  # bytes values of many lengths: keep the first few
+                self._known[length] = framing
+        return framing
+
+
+def _number_payloads(values: np.ndarray) -> list[bytes]:
+    """Each row's packed values: float32 little-endian, or (integers and
+    booleans) varints of the two's complement uint64."""
+    rows = len(values)
+    flat = values.reshape(rows, -1)
+    if values.dtype.kind == "f":
+        blob, width = flat.astype("<f4").tobytes(), 4 * flat.shape[1]
+        return [blob[i * width : (i + 1) * width] for i in range(rows)]
+    numbers = flat.astype(np.uint64) if values.dtype.kind == "u" else flat.astype(np.int64)
+    numbers = numbers.view(np.uint64).reshape(-1)
+    sizes = np.ones(len(numbers), np.int64)  # bytes per varint: one per 7 bits, at least one
+    for shift in range(7, 64, 7):
+        sizes += numbers >= np.uint64(1 << shift)
+    starts = np.cumsum(sizes) - sizes
+    encoded = np.empty(int(sizes.sum()), np.uint8)
+    for byte in range(int(sizes.max(initial=0))):  # the byte-th 7 bits of every number at once
+        has = sizes > byte
+        digits = ((numbers[has] >> np.uint64(7 * byte)) & np.uint64(0x7F)).astype(np.uint8)
+        encoded[starts[has] + byte] = digits | np.where(sizes[has] > byte + 1, 0x80, 0).astype(
+            np.uint8
+        )
+    ends = np.cumsum(sizes.reshape(rows, -1).sum(axis=1)).tolist()
+    blob = encoded.tobytes()
+    return [blob[start:end] for start, end in zip([0, *ends[:-1]], ends, strict=True)]
 
 
 _U64 = (1 << 64) - 1
