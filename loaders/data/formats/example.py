@@ -97,6 +97,8 @@ def _ints(buf: bytes, start: int, end: int) -> np.ndarray:
 
 
 def _varint(buf: bytes, pos: int) -> tuple[int, int]:
+    if pos + 1 < len(buf) and buf[pos + 1] < 0x80 <= buf[pos]:  # two bytes: most lengths
+        return (buf[pos] & 0x7F) | buf[pos + 1] << 7, pos + 2
     result = shift = 0
     while True:
         if pos >= len(buf) or shift > 63:
@@ -452,6 +454,10 @@ _U64 = (1 << 64) - 1
 
 
 def _varint_bytes(value: int) -> bytes:
+    if value < 0x80:  # one and two bytes: lengths and small numbers, without the loop
+        return bytes((value,))
+    if value < 0x4000:
+        return bytes((value & 0x7F | 0x80, value >> 7))
     out = bytearray()
     while value > 0x7F:
         out.append((value & 0x7F) | 0x80)
