@@ -109,10 +109,12 @@ def _gunzipped(file) -> Iterator[bytes]:
     while data := file.read(_CHUNK_BYTES // 4):
         while data:
             out = inflate.decompress(data, _CHUNK_BYTES)  # bounded: a run of zeros inflates a lot
-            data = inflate.unconsumed_tail
-            if inflate.eof and inflate.unused_data:  # the next member
-                data = inflate.unused_data + data
-                inflate = zlib.decompressobj(wbits=31)
+            if not inflate.eof:
+                data = inflate.unconsumed_tail
+            else:  # the rest is the next member's (unconsumed_tail may repeat it)
+                data = inflate.unused_data
+                if data:
+                    inflate = zlib.decompressobj(wbits=31)
             if out:
                 yield out
     if out := inflate.flush():  # what the last bounded call held back
