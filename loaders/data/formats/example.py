@@ -392,15 +392,16 @@ def serialize_examples(columns: dict[str, Sequence[bytes] | np.ndarray]) -> list
         else:
             payloads, number = [bytes(v) for v in values], 1
         fields.append((_Framing(name, number), payloads))
-    out = []
-    for row in zip(*(payloads for _, payloads in fields), strict=True):
-        parts = [b""]
-        for (framing, _), payload in zip(fields, row, strict=True):
-            parts += (framing(len(payload)), payload)
-        size = sum(map(len, parts))
-        parts[0] = b"\n" + _varint_bytes(size)  # Example.features: field 1, a length
-        out.append(b"".join(parts))
-    return out
+    rows = len(fields[0][1]) if fields else 0
+    sizes = np.zeros(rows, np.int64)  # each Example's bytes inside its outer length
+    parts: list[list[bytes]] = []
+    for framing, payloads in fields:
+        lengths = np.fromiter(map(len, payloads), np.int64, rows)
+        heads = list(map(framing, lengths.tolist()))
+        sizes += lengths + np.fromiter(map(len, heads), np.int64, rows)
+        parts += (heads, payloads)
+    starts = [b"\n" + _varint_bytes(size) for size in sizes.tolist()]  # Example.features
+    return [b"".join(row) for row in zip(starts, *parts, strict=True)]
 
 
 class _Framing:

@@ -15,7 +15,14 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["IMAGE_SUFFIXES", "files_in", "folder_batches", "folder_classes", "is_image_folder"]
+__all__ = [
+    "IMAGE_SUFFIXES",
+    "files_in",
+    "read_files",
+    "folder_batches",
+    "folder_classes",
+    "is_image_folder",
+]
 
 IMAGE_SUFFIXES = frozenset(
     (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm")
@@ -52,26 +59,29 @@ def files_in(directory: Path) -> list[str]:
     return [path for _, path in found]
 
 
-def read_file(path: str) -> bytes:
-    """The whole file in few calls: most images take one read, with no
+def read_files(paths: list[str]) -> list[bytes]:
+    """Each file whole, in few calls: most images take one ``read``, with no
     ``fstat`` (``Path.read_bytes`` makes twice the calls and three objects)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        data = os.read(fd, _FIRST_READ)
-        if len(data) < _FIRST_READ:  # a short read of a regular file: its end
-            return data
-        chunks = [data]
-        want = max(_FIRST_READ, os.fstat(fd).st_size - len(data) + 1)  # +1: a grown file is seen
-        while len(chunk := os.read(fd, want)) == want:
-            chunks.append(chunk)
+    out = []
+    for path in paths:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            data = os.read(fd, _FIRST_READ)
+            if len(data) == _FIRST_READ:  # else a short read of a regular file: its end
+                data = _rest(fd, data)
+        finally:
+            os.close(fd)
+        out.append(data)
+    return out
+
+
+def _rest(fd: int, first: bytes) -> bytes:
+    chunks = [first]
+    want = max(_FIRST_READ, os.fstat(fd).st_size - len(first) + 1)  # +1: a grown file is seen
+    while len(chunk := os.read(fd, want)) == want:
         chunks.append(chunk)
-        return b"".join(chunks)
-    finally:
-        os.close(fd)
-
-
-def _read_files(paths: list[str]) -> list[bytes]:
-    return [read_file(path) for path in paths]
+    chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def is_image_folder(directory: Path) -> bool:
@@ -98,7 +108,7 @@ def folder_batches(directory: Path, classes: list[str]) -> Iterator[dict]:
         for files, labels in _chunks(directory, classes):
             tasks = [files[i : i + _FILES_PER_TASK] for i in range(0, len(files), _FILES_PER_TASK)]
             yield {
-                "image": [data for part in pool.map(_read_files, tasks) for data in part],
+                "image": [data for part in pool.map(read_files, tasks) for data in part],
                 "label": labels,
             }
 

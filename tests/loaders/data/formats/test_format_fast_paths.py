@@ -147,7 +147,7 @@ def test_image_files_are_read_whole_small_and_large(tmp_path):
     for i, size in enumerate(sizes):
         (tmp_path / "cat").mkdir(exist_ok=True)
         (tmp_path / "cat" / f"{i}.png").write_bytes(bytes([i + 1]) * size)
-    assert [len(imagefolder.read_file(p)) for p in imagefolder.files_in(tmp_path)] == sizes
+    assert [len(data) for data in imagefolder.read_files(imagefolder.files_in(tmp_path))] == sizes
     ds = loaders.load_dataset(tmp_path)
     assert list(ds["image"][np.arange(len(ds))]) == [
         bytes([i + 1]) * n for i, n in enumerate(sizes)
