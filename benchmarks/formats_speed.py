@@ -7,8 +7,9 @@ and npy from a cold cache (copy + write). Reported: CPU seconds per MB of
 source files (`time.process_time`, all threads: what holds under load) and
 the MB/s it implies on one core, beside the wall-clock MB/s. Two record
 sizes: the digits-png records (~2.4 KB) and, with ``--photos``, smooth
-random JPEGs of ~64-200 KB. Run: ``python benchmarks/formats.py --speed
-[--photos]`` (writes benchmarks/results/formats-speed[-photos]-cpu.txt).
+random JPEGs of ~64-200 KB. Run through `formats`: ``python
+benchmarks/formats.py --speed`` or ``--photos`` (writes
+benchmarks/results/formats-speed[-photos]-cpu.txt).
 """
 
 from __future__ import annotations
@@ -116,7 +117,7 @@ def speed_rows(paths: dict[str, Path], out: Path, repeats: int = 3) -> list[dict
 
     from jaxfeed import loaders
 
-    jobs = [(f"copy {name}", name, lambda p: loaders.load_dataset(p)) for name in paths]
+    jobs = [(f"copy {name}", name, loaders.load_dataset) for name in paths]
     for source in ("tfrecord", "imagefolder"):
         for target in ("arrayrecord", "parquet"):
             jobs.append((f"convert {source} -> {target}", source, target))

@@ -18,10 +18,10 @@ import numpy as np
 __all__ = [
     "IMAGE_SUFFIXES",
     "files_in",
-    "read_files",
     "folder_batches",
     "folder_classes",
     "is_image_folder",
+    "read_files",
 ]
 
 IMAGE_SUFFIXES = frozenset(
