@@ -6,15 +6,15 @@ start, streaming (a gzip file is decompressed on the way), into the
 columnar copy (`jaxfeed.loaders.data.formats.columns`), which gives every
 backend random access.
 
-The file is read a few MB at a time and framed in bulk: the lengths are
-walked in one tight loop and their checksums computed for the whole chunk
-at once with numpy, so a damaged file is still named with the record where
-it breaks. A length is trusted to skip ahead only after its checksum holds
-or when every length up to it is checked: a damaged length can send the
-walk into the middle of a record, but then its own checksum is the first
-that fails. The data's checksum is not checked (TensorFlow's reader does;
-a CRC-32C of every byte without a compiled library would be the slowest
-step by far), and a damaged record usually fails to parse as an Example.
+The file is read a few MB at a time (a gzip file inflated by zlib, which
+checks each member's CRC-32) and framed in bulk: one tight loop follows the
+lengths, then numpy computes all their checksums at once, so a damaged file
+is still named with the record where it breaks: a damaged length can send
+the walk astray, but only after itself, so its checksum is the first that
+fails, and the records before it are served first. The data's checksum is
+not checked (TensorFlow's reader does; a CRC-32C of every byte without a
+compiled library would be the slowest step by far), and a damaged record
+usually fails to parse as an Example.
 """
 
 from __future__ import annotations
