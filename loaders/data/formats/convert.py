@@ -23,6 +23,7 @@ __all__ = ["TARGETS", "convert"]
 TARGETS = ("parquet", "arrayrecord", "npy")
 _COPY_BYTES = 64 << 20  # per chunk of an .npy copy
 _CHUNK = 1024  # rows read at once into an ArrayRecord shard
+_CHUNK_BYTES = 64 << 20  # at most (on average): large images make fewer rows, not more memory
 
 
 def convert(
@@ -100,6 +101,10 @@ def _arrayrecord(data: ArrayDataset, directory: Path, rows: int, progress) -> li
     from jaxfeed.loaders.data.formats.example import serialize_examples
 
     options = "group_size:1,uncompressed" if data.bytes_fields() else "group_size:1"
+    total = sum(
+        f.data.nbytes if isinstance(f, BytesField) else f.nbytes for f in data.arrays.values()
+    )
+    step = max(1, min(_CHUNK, _CHUNK_BYTES * len(data) // max(1, total)))  # rows read at once
     count = -(-len(data) // rows)
     out = []
     for shard in range(count):
@@ -108,8 +113,8 @@ def _arrayrecord(data: ArrayDataset, directory: Path, rows: int, progress) -> li
             partial = directory / f".{final.name}.partial"
             writer = ArrayRecordWriter(str(partial), options)
             try:
-                for start in range(shard * rows, min(len(data), (shard + 1) * rows), _CHUNK):
-                    part = np.arange(start, min(len(data), (shard + 1) * rows, start + _CHUNK))
+                for start in range(shard * rows, min(len(data), (shard + 1) * rows), step):
+                    part = np.arange(start, min(len(data), (shard + 1) * rows, start + step))
                     columns = {name: field[part] for name, field in data.arrays.items()}
                     for record in serialize_examples(columns):
                         writer.write(record)

@@ -32,6 +32,7 @@ or ``("none", [])`` for a feature with no list set."""
 
 _VARINT, _FIXED64, _LEN, _FIXED32 = 0, 1, 2, 5
 _KINDS = {1: "bytes", 2: "float", 3: "int64"}  # Feature's oneof field numbers
+_BATCH_BYTES = 64 << 20  # a batch's records: large images make fewer rows, not more memory
 
 
 def parse_example(buf: bytes) -> dict[str, Feature]:
@@ -150,13 +151,15 @@ def example_batches(records: Iterable[Record], batch_rows: int = 1024) -> Iterat
     """
     schema: dict[str, tuple[str, int]] | None = None
     pending: list[Record] = []
+    size = 0
     for record in records:
         if schema is None:
             schema = _first_schema(record)
         pending.append(record)
-        if len(pending) == batch_rows:
+        size += len(record[2])
+        if len(pending) == batch_rows or size >= _BATCH_BYTES:
             yield _fast_batch(pending, schema) or _checked_batch(pending, schema)
-            pending = []
+            pending, size = [], 0
     if pending:
         yield _fast_batch(pending, schema) or _checked_batch(pending, schema)
 

@@ -152,3 +152,15 @@ def test_image_files_are_read_whole_small_and_large(tmp_path):
     assert list(ds["image"][np.arange(len(ds))]) == [
         bytes([i + 1]) * n for i, n in enumerate(sizes)
     ]
+
+
+def test_large_records_make_smaller_batches_of_the_same_rows(monkeypatch):
+    columns = _rows(40)
+    columns["empty"][:] = [b"x"] * 40
+    records = [("f.tfrecord", i, r) for i, r in enumerate(example.serialize_examples(columns))]
+    (whole,) = example.example_batches(records)
+    monkeypatch.setattr(example, "_BATCH_BYTES", sum(len(r) for _, _, r in records) // 5)
+    parts = list(example.example_batches(records))
+    assert len(parts) >= 5 and sum(len(p["label"]) for p in parts) == 40
+    assert [image for p in parts for image in p["image"]] == whole["image"]
+    np.testing.assert_array_equal(np.concatenate([p["box"] for p in parts]), whole["box"])
