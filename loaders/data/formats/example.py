@@ -10,11 +10,18 @@ users all write.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 
 import numpy as np
 
-__all__ = ["Feature", "Record", "example_batches", "parse_example", "serialize_example"]
+__all__ = [
+    "Feature",
+    "Record",
+    "example_batches",
+    "parse_example",
+    "serialize_example",
+    "serialize_examples",
+]
 
 Record = tuple[str, int, bytes]
 """A serialized record and where it lies: ``(file, index in the file, bytes)``."""
@@ -25,6 +32,7 @@ or ``("none", [])`` for a feature with no list set."""
 
 _VARINT, _FIXED64, _LEN, _FIXED32 = 0, 1, 2, 5
 _KINDS = {1: "bytes", 2: "float", 3: "int64"}  # Feature's oneof field numbers
+_BATCH_BYTES = 64 << 20  # a batch's records: large images make fewer rows, not more memory
 
 
 def parse_example(buf: bytes) -> dict[str, Feature]:
@@ -90,6 +98,8 @@ def _ints(buf: bytes, start: int, end: int) -> np.ndarray:
 
 
 def _varint(buf: bytes, pos: int) -> tuple[int, int]:
+    if pos + 1 < len(buf) and buf[pos + 1] < 0x80 <= buf[pos]:  # two bytes: most lengths
+        return (buf[pos] & 0x7F) | buf[pos + 1] << 7, pos + 2
     result = shift = 0
     while True:
         if pos >= len(buf) or shift > 63:
@@ -130,35 +140,175 @@ def example_batches(records: Iterable[Record], batch_rows: int = 1024) -> Iterat
     ``bytes`` feature of one value is a bytes field, an int64 or float
     feature of ``k`` values an array of ``k`` per row (a scalar for 1).
 
+    Each batch is read by `_fast_batch` when its records are laid out as
+    writers lay them out (the features in the first record's order, packed
+    number lists), else record by record, which also names what is wrong.
+
     Raises:
       ValueError: a record that is not an Example, or a feature that is
         missing, variable-length or holds several bytes values; the message
         names the feature, the record and its file.
     """
     schema: dict[str, tuple[str, int]] | None = None
-    pending: list[dict[str, Feature]] = []
-    for file, index, record in records:
-        where = f"{file}, record {index}"
-        try:
-            features = parse_example(record)
-        except ValueError as err:
-            raise ValueError(
-                f"{where} is not a readable tf.train.Example ({err}): the file is damaged "
-                "or holds other records; pass format= to say what it holds"
-            ) from None
+    pending: list[Record] = []
+    size = 0
+    for record in records:
         if schema is None:
-            schema = {name: (kind, len(values)) for name, (kind, values) in features.items()}
-            if not schema:
-                raise ValueError(f"{where} is an Example with no features")
-            for name, (kind, length) in schema.items():
-                _check_first(where, name, kind, length)
-        _check_same(where, schema, features)
-        pending.append(features)
-        if len(pending) == batch_rows:
-            yield _batch(pending, schema)
-            pending = []
+            schema = _first_schema(record)
+        pending.append(record)
+        size += len(record[2])
+        if len(pending) == batch_rows or size >= _BATCH_BYTES:
+            yield _fast_batch(pending, schema) or _checked_batch(pending, schema)
+            pending, size = [], 0
     if pending:
-        yield _batch(pending, schema)
+        yield _fast_batch(pending, schema) or _checked_batch(pending, schema)
+
+
+def _parsed(record: Record) -> dict[str, Feature]:
+    file, index, buf = record
+    try:
+        return parse_example(buf)
+    except ValueError as err:
+        raise ValueError(
+            f"{file}, record {index} is not a readable tf.train.Example ({err}): the file is "
+            "damaged or holds other records; pass format= to say what it holds"
+        ) from None
+
+
+def _first_schema(record: Record) -> dict[str, tuple[str, int]]:
+    features = _parsed(record)
+    schema = {name: (kind, len(values)) for name, (kind, values) in features.items()}
+    where = f"{record[0]}, record {record[1]}"
+    if not schema:
+        raise ValueError(f"{where} is an Example with no features")
+    for name, (kind, length) in schema.items():
+        _check_first(where, name, kind, length)
+    return schema
+
+
+def _checked_batch(records: list[Record], schema: dict[str, tuple[str, int]]) -> dict:
+    rows = []
+    for record in records:
+        features = _parsed(record)
+        _check_same(f"{record[0]}, record {record[1]}", schema, features)
+        rows.append(features)
+    return _batch(rows, schema)
+
+
+_NUMBERS = {"bytes": 1, "float": 2, "int64": 3}  # Feature's oneof field numbers, by kind
+
+
+def _fast_batch(records: list[Record], schema: dict[str, tuple[str, int]]) -> dict | None:
+    """The batch `_checked_batch` gives, without an object per feature: each
+    record's features are found by `_scan` and checked against the schema as
+    one tuple, the numbers decoded for the whole batch at once. None when
+    any record is laid out otherwise or breaks the schema (the checked path
+    then reads the batch and names the record)."""
+    layout = tuple((name.encode(), _NUMBERS[kind]) for name, (kind, _) in schema.items())
+    columns: list[list[bytes]] = [[] for _ in layout]
+    for _, _, buf in records:
+        found = _scan(buf)
+        if found is None or found[0] != layout:
+            return None
+        for column, payload in zip(columns, found[1], strict=True):
+            column.append(payload)
+    batch: dict[str, list[bytes] | np.ndarray] = {}
+    for (name, (kind, length)), payloads in zip(schema.items(), columns, strict=True):
+        if kind == "bytes":
+            batch[name] = payloads
+            continue
+        if kind == "float":
+            if any(len(p) != 4 * length for p in payloads):
+                return None
+            values = np.frombuffer(b"".join(payloads), "<f4").astype(np.float32, copy=False)
+        else:
+            values = _packed_varints(payloads, length)
+            if values is None:
+                return None
+        values = values.reshape(len(payloads), length)
+        batch[name] = values[:, 0] if length == 1 else values
+    return batch
+
+
+def _packed_varints(payloads: list[bytes], length: int) -> np.ndarray | None:
+    """Each payload's ``length`` packed varints as int64 (ten-byte two's
+    complement for negatives), all decoded at once; None when a payload
+    holds another number of values or a malformed varint."""
+    data = np.frombuffer(b"".join(payloads), np.uint8)
+    sizes = np.fromiter(map(len, payloads), np.int64, len(payloads))
+    ends = data < 0x80  # the last byte of each varint
+    if np.all(sizes == length) and np.all(ends):  # one byte each: small numbers, the common case
+        return data.astype(np.int64)
+    bounds = np.cumsum(sizes)
+    if np.any(sizes == 0) or not np.all(ends[bounds - 1]):
+        return None
+    if np.any(np.add.reduceat(ends.astype(np.int64), bounds - sizes) != length):
+        return None
+    last = np.flatnonzero(ends)
+    first = np.concatenate(([0], last[:-1] + 1))
+    # Over ten bytes, or a tenth byte beyond bit 63: the record-by-record path refuses it.
+    if np.any(last - first >= 10) or np.any(data[last[last - first == 9]] > 1):
+        return None
+    position = np.arange(len(data)) - np.repeat(first, last - first + 1)
+    parts = (data & 0x7F).astype(np.uint64) << (7 * position).astype(np.uint64)
+    return np.bitwise_or.reduceat(parts, first).view(np.int64)
+
+
+def _scan(buf: bytes) -> tuple[tuple[tuple[bytes, int], ...], list[bytes]] | None:
+    """An Example's features as ``((name, kind's field number), ...)`` in
+    wire order and each one's payload (the one bytes value, the packed
+    floats or varints), for the layout TensorFlow and `serialize_example`
+    write; None for any other (`parse_example` reads it, or says what is
+    wrong). One pass, no generators, each length read inline when it is one
+    byte: this is the per-record cost of a copy."""
+    layout: list[tuple[bytes, int]] = []
+    payloads: list[bytes] = []
+    try:
+        if buf[0] != 0x0A:  # Example.features
+            return None
+        size, pos = buf[1], 2
+        if size >= 0x80:
+            size, pos = _varint(buf, 1)
+        total = len(buf)
+        if pos + size != total:
+            return None
+        while pos < total:
+            if buf[pos] != 0x0A:  # Features.feature: a map entry
+                return None
+            size, pos = buf[pos + 1], pos + 2
+            if size >= 0x80:
+                size, pos = _varint(buf, pos - 1)
+            end = pos + size
+            if buf[pos] != 0x0A:  # the entry's key: the name
+                return None
+            size, pos = buf[pos + 1], pos + 2
+            if size >= 0x80:
+                size, pos = _varint(buf, pos - 1)
+            name, pos = buf[pos : pos + size], pos + size
+            if buf[pos] != 0x12:  # the entry's value: a Feature
+                return None
+            size, pos = buf[pos + 1], pos + 2
+            if size >= 0x80:
+                size, pos = _varint(buf, pos - 1)
+            tag = buf[pos]
+            if pos + size != end or tag not in (0x0A, 0x12, 0x1A):  # bytes/float/int64 list
+                return None
+            size, pos = buf[pos + 1], pos + 2
+            if size >= 0x80:
+                size, pos = _varint(buf, pos - 1)
+            if not size or pos + size != end or buf[pos] != 0x0A:  # the list's one value
+                return None
+            size, pos = buf[pos + 1], pos + 2
+            if size >= 0x80:
+                size, pos = _varint(buf, pos - 1)
+            if pos + size != end:
+                return None
+            layout.append((name, tag >> 3))
+            payloads.append(buf[pos:end])
+            pos = end
+    except (IndexError, ValueError):
+        return None
+    return tuple(layout), payloads
 
 
 def _check_first(where: str, name: str, kind: str, length: int) -> None:
@@ -231,10 +381,87 @@ def serialize_example(row: dict[str, bytes | np.ndarray]) -> bytes:
     return _length_field(1, b"".join(entries))
 
 
+def serialize_examples(columns: dict[str, Sequence[bytes] | np.ndarray]) -> list[bytes]:
+    """`serialize_example` of each row of ``columns`` (per field a sequence
+    of ``bytes`` or an array ``[rows, *shape]``), the same bytes, made a
+    batch at a time: the numbers of a field encoded at once, and each
+    feature's framing (its name and the lengths around its values) built
+    once per value length, not per row."""
+    fields = []
+    for name, values in columns.items():
+        if isinstance(values, np.ndarray) and values.dtype.kind in "biuf":
+            payloads = _number_payloads(values)
+            number = 2 if values.dtype.kind == "f" else 3
+        else:
+            payloads, number = [bytes(v) for v in values], 1
+        fields.append((_Framing(name, number), payloads))
+    rows = len(fields[0][1]) if fields else 0
+    sizes = np.zeros(rows, np.int64)  # each Example's bytes inside its outer length
+    parts: list[list[bytes]] = []
+    for framing, payloads in fields:
+        lengths = np.fromiter(map(len, payloads), np.int64, rows)
+        heads = list(map(framing, lengths.tolist()))
+        sizes += lengths + np.fromiter(map(len, heads), np.int64, rows)
+        parts += (heads, payloads)
+    starts = [b"\n" + _varint_bytes(size) for size in sizes.tolist()]  # Example.features
+    return [b"".join(row) for row in zip(starts, *parts, strict=True)]
+
+
+class _Framing:
+    """The bytes before a feature's values (the map entry, its name, the
+    Feature and the list around them), by the values' length."""
+
+    def __init__(self, name: str, number: int):
+        self._name, self._number = name.encode(), number
+        self._known: dict[int, bytes] = {}
+
+    def __call__(self, length: int) -> bytes:
+        framing = self._known.get(length)
+        if framing is None:
+            values = _varint_bytes(1 << 3 | _LEN) + _varint_bytes(length)  # the list's field 1
+            feature = _varint_bytes(self._number << 3 | _LEN) + _varint_bytes(len(values) + length)
+            body = _length_field(1, self._name) + _varint_bytes(2 << 3 | _LEN)
+            body += _varint_bytes(len(feature) + len(values) + length) + feature + values
+            framing = _varint_bytes(1 << 3 | _LEN) + _varint_bytes(len(body) + length) + body
+            if len(self._known) < 4096:  # bytes values of many lengths: keep the first few
+                self._known[length] = framing
+        return framing
+
+
+def _number_payloads(values: np.ndarray) -> list[bytes]:
+    """Each row's packed values: float32 little-endian, or (integers and
+    booleans) varints of the two's complement uint64."""
+    rows = len(values)
+    flat = values.reshape(rows, -1)
+    if values.dtype.kind == "f":
+        blob, width = flat.astype("<f4").tobytes(), 4 * flat.shape[1]
+        return [blob[i * width : (i + 1) * width] for i in range(rows)]
+    numbers = flat.astype(np.uint64) if values.dtype.kind == "u" else flat.astype(np.int64)
+    numbers = numbers.view(np.uint64).reshape(-1)
+    sizes = np.ones(len(numbers), np.int64)  # bytes per varint: one per 7 bits, at least one
+    for shift in range(7, 64, 7):
+        sizes += numbers >= np.uint64(1 << shift)
+    starts = np.cumsum(sizes) - sizes
+    encoded = np.empty(int(sizes.sum()), np.uint8)
+    for byte in range(int(sizes.max(initial=0))):  # the byte-th 7 bits of every number at once
+        has = sizes > byte
+        digits = ((numbers[has] >> np.uint64(7 * byte)) & np.uint64(0x7F)).astype(np.uint8)
+        encoded[starts[has] + byte] = digits | np.where(sizes[has] > byte + 1, 0x80, 0).astype(
+            np.uint8
+        )
+    ends = np.cumsum(sizes.reshape(rows, -1).sum(axis=1)).tolist()
+    blob = encoded.tobytes()
+    return [blob[start:end] for start, end in zip([0, *ends[:-1]], ends, strict=True)]
+
+
 _U64 = (1 << 64) - 1
 
 
 def _varint_bytes(value: int) -> bytes:
+    if value < 0x80:  # one and two bytes: lengths and small numbers, without the loop
+        return bytes((value,))
+    if value < 0x4000:
+        return bytes((value & 0x7F | 0x80, value >> 7))
     out = bytearray()
     while value > 0x7F:
         out.append((value & 0x7F) | 0x80)

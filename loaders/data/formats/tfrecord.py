@@ -4,34 +4,45 @@ A TFRecord file is a sequence of ``length (uint64) | CRC-32C of length |
 data | CRC-32C of data``. It has no index, so it is read once from the
 start, streaming (a gzip file is decompressed on the way), into the
 columnar copy (`jaxfeed.loaders.data.formats.columns`), which gives every
-backend random access. Each length's checksum is checked, so a damaged
-file is named with the record where it breaks; the data's checksum is not
-(a pure-Python CRC-32C of every byte would be the slowest step), and a
-damaged record usually fails to parse as an Example instead.
+backend random access.
+
+The file is read a few MB at a time (a gzip file inflated by zlib, which
+checks each member's CRC-32) and framed in bulk: one tight loop follows the
+lengths, then numpy computes all their checksums at once, so a damaged file
+is still named with the record where it breaks: a damaged length can send
+the walk astray, but only after itself, so its checksum is the first that
+fails, and the records before it are served first. The data's checksum is
+not checked (TensorFlow's reader does; a CRC-32C of every byte without a
+compiled library would be the slowest step by far), and a damaged record
+usually fails to parse as an Example.
 """
 
 from __future__ import annotations
 
-import gzip
+import itertools
 import struct
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 from jaxfeed.loaders.data.formats.example import Record
 
-__all__ = ["GZIP_MAGIC", "tfrecord_records"]
+__all__ = ["GZIP_MAGIC", "masked_crc32c", "tfrecord_records"]
 
 GZIP_MAGIC = b"\x1f\x8b"
+_CHUNK_BYTES = 4 << 20  # read at once: few calls, bounded memory
+_HEADER, _FOOTER = 12, 4  # length + its CRC; the data's CRC
 
 
-def _crc32c_table() -> list[int]:
+def _crc32c_table() -> np.ndarray:
     table = []
     for byte in range(256):
         crc = byte
         for _ in range(8):
             crc = (crc >> 1) ^ 0x82F63B78 if crc & 1 else crc >> 1
         table.append(crc)
-    return table
+    return np.array(table, np.uint32)
 
 
 _TABLE = _crc32c_table()
@@ -39,33 +50,126 @@ _TABLE = _crc32c_table()
 
 def masked_crc32c(data: bytes) -> int:
     """TFRecord's checksum: CRC-32C, rotated and offset ("masked")."""
-    crc = 0xFFFFFFFF
-    for byte in data:
-        crc = _TABLE[(crc ^ byte) & 0xFF] ^ (crc >> 8)
-    crc ^= 0xFFFFFFFF
-    return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+    return int(_masked_crc32c_rows(np.frombuffer(data, np.uint8)[None, :])[0])
+
+
+def _masked_crc32c_rows(rows: np.ndarray) -> np.ndarray:
+    """The masked CRC-32C of each row of a ``uint8 [n, k]`` array (all rows
+    at once: one numpy step per byte column)."""
+    crc = np.full(len(rows), 0xFFFFFFFF, np.uint32)
+    for column in rows.T:
+        crc = _TABLE[(crc ^ column) & 0xFF] ^ (crc >> 8)
+    crc ^= np.uint32(0xFFFFFFFF)
+    return ((crc >> 15) | (crc << 17)) + np.uint32(0xA282EAD8)  # wraps: uint32
 
 
 def tfrecord_records(path: Path) -> Iterator[Record]:
     """Each record of ``path`` in order, as ``(file, index, bytes)``.
 
     Raises:
-      ValueError: the file ends inside a record, or a length fails its
-        checksum (the message names the file and the record).
+      ValueError: the file ends inside a record, a length fails its
+        checksum, or the gzip stream is damaged (the message names the file
+        and the record), after the records before it.
     """
     with open(path, "rb") as raw:
         compressed = raw.read(2) == GZIP_MAGIC
-    with gzip.open(path, "rb") if compressed else open(path, "rb") as file:
-        index = 0
-        while header := file.read(12):
-            length, length_crc = struct.unpack("<QI", header.ljust(12, b"\0"))
-            if len(header) < 12 or masked_crc32c(header[:8]) != length_crc:
-                raise _damaged(path, index, "its length header is damaged")
-            data = file.read(length)
-            if len(data) < length or len(file.read(4)) < 4:
-                raise _damaged(path, index, f"the file ends inside it ({length} bytes long)")
-            yield str(path), index, data
-            index += 1
+    name, index = str(path), 0
+    with open(path, "rb") as file:
+        chunks = _gunzipped(file) if compressed else iter(lambda: file.read(_CHUNK_BYTES), b"")
+        pieces: list[bytes] = []
+        have, wanted = 0, _HEADER
+        try:
+            for chunk in itertools.chain(chunks, [b""]):
+                pieces.append(chunk)
+                have += len(chunk)
+                if chunk and have < wanted:  # a record longer than a chunk: gather more first
+                    continue
+                data = b"".join(pieces)
+                frames, rest, error = _frames(data, path, index, at_end=not chunk)
+                for start, stop in frames:
+                    yield name, index, data[start:stop]
+                    index += 1
+                if error is not None:
+                    raise error
+                pieces = [data[rest:]]
+                have, wanted = len(pieces[0]), _wanted(pieces[0])
+        except (EOFError, zlib.error) as err:
+            raise _damaged(path, index, f"its gzip stream is damaged ({err})") from None
+
+
+def _gunzipped(file) -> Iterator[bytes]:
+    """The decompressed bytes of a gzip file (of one or more members), a few
+    MB at a time; zlib checks each member's CRC-32 and length.
+
+    Raises:
+      EOFError: the stream ends inside a member.
+      zlib.error: the stream is damaged.
+    """
+    inflate = zlib.decompressobj(wbits=31)
+    while data := file.read(_CHUNK_BYTES // 4):
+        while data:
+            out = inflate.decompress(data, _CHUNK_BYTES)  # bounded: a run of zeros inflates a lot
+            if not inflate.eof:
+                data = inflate.unconsumed_tail
+            else:  # the rest is the next member's (unconsumed_tail may repeat it)
+                data = inflate.unused_data
+                if data:
+                    inflate = zlib.decompressobj(wbits=31)
+            if out:
+                yield out
+    if out := inflate.flush():  # what the last bounded call held back
+        yield out
+    if not inflate.eof:
+        raise EOFError("it ends before its end-of-stream marker")
+
+
+def _wanted(data: bytes) -> int:
+    """How many bytes the record at the start of ``data`` takes whole."""
+    if len(data) < _HEADER:
+        return _HEADER
+    return _HEADER + struct.unpack_from("<Q", data)[0] + _FOOTER
+
+
+_LENGTH = struct.Struct("<Q")
+
+
+def _frames(
+    data: bytes, path: Path, index: int, at_end: bool
+) -> tuple[list[tuple[int, int]], int, ValueError | None]:
+    """The ``(start, stop)`` of each whole record in ``data`` (its first is
+    record ``index``), where the rest begins, and the error that stops the
+    file after those records: a length that fails its checksum, or (when
+    ``at_end``: nothing follows ``data``) data that ends inside a record."""
+    size, heads, pos = len(data), [], 0
+    while pos + _HEADER <= size:  # the walk: lengths checked below, all at once
+        heads.append(pos)
+        pos += _HEADER + _LENGTH.unpack_from(data, pos)[0] + _FOOTER
+    bad = _first_bad_length(data, heads)
+    frames = []
+    for pos in heads[:bad]:
+        stop = pos + _HEADER + _LENGTH.unpack_from(data, pos)[0]
+        if stop + _FOOTER > size:  # the last head: not whole in ``data``
+            if not at_end:
+                return frames, pos, None
+            problem = f"the file ends inside it ({stop - pos - _HEADER} bytes long)"
+            return frames, pos, _damaged(path, index + len(frames), problem)
+        frames.append((pos + _HEADER, stop))
+    rest = frames[-1][1] + _FOOTER if frames else 0
+    if bad < len(heads) or (at_end and rest < size):  # or less than a length is left
+        return frames, rest, _damaged(path, index + len(frames), "its length header is damaged")
+    return frames, rest, None
+
+
+def _first_bad_length(data: bytes, heads: list[int]) -> int:
+    """The position in ``heads`` of the first length whose checksum fails
+    (``len(heads)`` when none does)."""
+    if not heads:
+        return 0
+    at = np.array(heads, np.int64)[:, None]
+    buffer = np.frombuffer(data, np.uint8)
+    stored = buffer[at + np.arange(8, 12)].copy().view("<u4")[:, 0]
+    bad = np.flatnonzero(_masked_crc32c_rows(buffer[at + np.arange(8)]) != stored)
+    return int(bad[0]) if len(bad) else len(heads)
 
 
 def _damaged(path: Path, index: int, problem: str) -> ValueError:
