@@ -20,8 +20,10 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import errno
 import os
 import pickle
+import tempfile
 import threading
 import uuid
 from typing import Any
@@ -49,6 +51,26 @@ class _Pool:
             initargs=(self.directory,),
         )
         self.members = 0
+        self.spill: str | None = None  # for work that shared memory has no room for
+
+    def write_work(self, work: tuple[Any, ...]) -> str:
+        """``work`` pickled to a new file of the batch directory; one in the
+        temporary directory if shared memory is full (a container's default
+        /dev/shm is 64 MiB, and an in-memory dataset travels in its reader)."""
+        data = pickle.dumps(work, protocol=pickle.HIGHEST_PROTOCOL)
+        name = f"work-{uuid.uuid4().hex}"
+        path = os.path.join(self.directory, name)
+        try:
+            _write(path, data)
+        except OSError as error:
+            if error.errno != errno.ENOSPC:
+                raise
+            with _LOCK:
+                if self.spill is None:
+                    self.spill = shared_batches.make_directory(tempfile.gettempdir())
+            path = os.path.join(self.spill, name)
+            _write(path, data)
+        return path
 
     def dead(self) -> bool:
         """Whether a worker ended (none does while the pool serves)."""
@@ -59,6 +81,8 @@ class _Pool:
     def stop(self) -> None:
         self.executor.shutdown(cancel_futures=True)
         shared_batches.remove_directory(self.directory)
+        if self.spill is not None:
+            shared_batches.remove_directory(self.spill)
 
 
 class Member:
@@ -67,10 +91,9 @@ class Member:
     def __init__(self, pool: _Pool, key: tuple[int, bool], work: tuple[Any, ...]):
         self._pool, self._key = pool, key
         self.executor = pool.executor
-        self.work = os.path.join(pool.directory, f"work-{uuid.uuid4().hex}")
+        self.work = ""
         try:
-            with open(self.work, "wb") as file:
-                pickle.dump(work, file, protocol=pickle.HIGHEST_PROTOCOL)
+            self.work = pool.write_work(work)
         except BaseException:
             self.close()
             raise
@@ -87,8 +110,9 @@ class Member:
         if getattr(self, "_closed", False):
             return
         self._closed = True
-        with contextlib.suppress(OSError):
-            os.unlink(self.work)
+        if self.work:
+            with contextlib.suppress(OSError):
+                os.unlink(self.work)
         with _LOCK:
             self._pool.members -= 1
             last = self._pool.members == 0
@@ -109,6 +133,16 @@ def join(work: tuple[Any, ...], num_workers: int, with_main: bool) -> Member:
             pool = _POOLS[key] = _Pool(num_workers, with_main)
         pool.members += 1
     return Member(pool, key, work)
+
+
+def _write(path: str, data: bytes) -> None:
+    try:
+        with open(path, "wb") as file:
+            file.write(data)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+        raise
 
 
 def live_pools() -> int:

@@ -5,7 +5,9 @@ give; closing one leaves the other's workers running, and nothing (process,
 batch file, work file) outlives the last. A worker killed mid-epoch is still
 an error, and the next epoch gets a new pool."""
 
+import errno
 import faulthandler
+import gc
 import glob
 import os
 import signal
@@ -23,6 +25,11 @@ from jaxfeed import loaders
 @pytest.fixture(scope="module")
 def digits():
     return encoded_digits(96)
+
+
+@pytest.fixture(autouse=True)
+def no_pool_left_by_earlier_tests():
+    gc.collect()  # a source another test dropped leaves its pool when collected
 
 
 # Two loaders unlike in data, batch size and transform: a batch read with the
@@ -68,7 +75,6 @@ def test_two_loaders_share_one_pool_and_each_gets_its_own_batches(digits):
     # What each loader gives on its own, in this process (the same bytes as in workers).
     want_train = [_where(list(_train(digits, 0).iter_epoch(e)))[0] for e in (0, 1)]
     want_val = _where(list(_validation(0).iter_epoch(0)))[0]
-    dirs_before = _batch_dirs()
     train, validation = _train(digits, 2), _validation(2)
     # Train epoch 0, then validation epoch 0 beside train epoch 1, all interleaved.
     got_train0, got_val = _interleaved(train.iter_epoch(0), validation.iter_epoch(0))
@@ -83,7 +89,9 @@ def test_two_loaders_share_one_pool_and_each_gets_its_own_batches(digits):
     workers = {process.pid for process in train._pool._pool._processes.values()}
     assert len(workers) == 2 and (pids0 | pids1 | val_pids) <= workers, (workers, val_pids)
     assert os.getpid() not in workers
-    (directory,) = _batch_dirs() - dirs_before  # one batch directory, for both
+    directory = os.path.dirname(train._pool._member.work)  # one batch directory, for both
+    assert directory in _batch_dirs()
+    assert os.path.dirname(validation._pool._member.work) == directory
     assert len(glob.glob(os.path.join(directory, "work-*"))) == 2  # each loader's work, once
 
     train.close()  # the validation loader keeps the workers; train's work goes
@@ -98,7 +106,6 @@ def test_two_loaders_share_one_pool_and_each_gets_its_own_batches(digits):
 
     train.close()
     validation.close()
-    assert shared_pool.live_pools() == 0
     assert not [pid for pid in workers if process_alive(pid)], "workers outlived their loaders"
     assert not os.path.exists(directory)
 
@@ -126,4 +133,23 @@ def test_a_killed_worker_fails_every_loader_in_flight_and_the_next_epoch_gets_ne
         train.close()
         validation.close()
         faulthandler.cancel_dump_traceback_later()
-    assert shared_pool.live_pools() == 0
+
+
+def test_work_that_shared_memory_has_no_room_for_goes_to_the_temporary_directory(monkeypatch):
+    want = _where(list(_validation(0).iter_epoch(0)))[0]
+    write = shared_pool._write
+
+    def full(path, data):  # as a container's 64 MiB /dev/shm does for a big in-memory dataset
+        if os.path.dirname(path).startswith("/dev/shm"):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        write(path, data)
+
+    monkeypatch.setattr(shared_pool, "_write", full)
+    source = _validation(1)
+    try:
+        assert_same_batches(_where(list(source.iter_epoch(0)))[0], want)
+        work = source._pool._member.work
+        assert work.startswith(tempfile.gettempdir()) and os.path.isfile(work)
+    finally:
+        source.close()
+    assert not os.path.exists(os.path.dirname(work))
