@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import concurrent.futures.process
 import contextlib
 import os
+import time
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
@@ -31,6 +33,8 @@ __all__ = ["RecordPool", "RowReader"]
 
 # How often a reader waiting for a batch checks that the workers still run.
 _POLL_SECONDS = 0.1
+# How long a broken pool's workers are given to end, to name the one that died.
+_SETTLE_SECONDS = 5.0
 
 RowReader = Callable[[np.ndarray], Mapping[str, Any]]
 """Index array -> each field's values of those rows (picklable into workers)."""
@@ -68,7 +72,11 @@ class RecordPool:
         pending: collections.deque = collections.deque()
         try:
             for indices in index_batches:
-                pending.append(self._member.submit(indices, epoch))
+                try:
+                    pending.append(self._member.submit(indices, epoch))
+                except concurrent.futures.process.BrokenProcessPool:
+                    self._raise_if_dead(settle=True)  # a worker died since: name it
+                    raise
                 if len(pending) >= 2 * self.num_workers:
                     yield shared_batches.collect(*self._result(pending.popleft()))
             while pending:
@@ -89,10 +97,24 @@ class RecordPool:
                 result = future.result(timeout=_POLL_SECONDS)
             except concurrent.futures.TimeoutError:
                 result = None
-            # No public accessor: the executor keeps its processes in ``_processes``.
-            raise_if_dead(pool_processes(self._pool), "transform worker", "smaller batches")
+            except concurrent.futures.process.BrokenProcessPool:
+                self._raise_if_dead(settle=True)  # every loader on the pool: name the worker
+                raise
+            self._raise_if_dead()
             if result is not None:
                 return result
+
+    def _raise_if_dead(self, settle: bool = False) -> None:
+        """Raises naming a worker that died. ``settle``: the pool broke, so all
+        its workers are ending; each is waited for (bounded), as the executor
+        fails the futures the moment it sees one gone, maybe before the dead
+        one can be reaped (seen under load)."""
+        processes = pool_processes(self._pool)
+        if settle:
+            deadline = time.monotonic() + _SETTLE_SECONDS
+            for process in processes:
+                process.join(max(0.0, deadline - time.monotonic()))
+        raise_if_dead(processes, "transform worker", "smaller batches")
 
     def close(self) -> None:
         """Leaves the shared workers (stopped if no other pool uses them); the
