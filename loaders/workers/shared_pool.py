@@ -151,6 +151,17 @@ def live_pools() -> int:
         return len(_POOLS)
 
 
+def _forget_in_child() -> None:
+    """In a forked child: the parent's pools are not its own (their manager
+    threads did not come along); its loaders start pools of their own."""
+    global _LOCK
+    _LOCK = threading.Lock()
+    _POOLS.clear()
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
+
+
 # In a worker: the batch directory, and each source's work by its file.
 _DIRECTORY: str | None = None
 _WORKS: dict[str, tuple[Any, ...]] = {}
