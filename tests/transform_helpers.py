@@ -81,3 +81,11 @@ def augment_where_it_runs(record: dict, rng: np.random.Generator) -> dict:
     import os
 
     return {**random_augment(record, rng), "pid": np.int64(os.getpid())}
+
+
+def noise_where_it_runs(record: dict, rng: np.random.Generator) -> dict:
+    """The row number, three random numbers and the process that drew them:
+    a second transform, unlike `augment_where_it_runs`, for two loaders at once."""
+    import os
+
+    return {"row": record["row"], "noise": rng.standard_normal(3), "pid": np.int64(os.getpid())}

@@ -15,6 +15,12 @@ def pool_processes(pool: concurrent.futures.ProcessPoolExecutor) -> list[multipr
     return list(getattr(pool, "_processes", {}).values())
 
 
+def pool_broken(pool: concurrent.futures.ProcessPoolExecutor) -> bool:
+    """Whether a ``ProcessPoolExecutor`` lost a worker and takes no more work:
+    it says so in the private ``_broken``."""
+    return bool(getattr(pool, "_broken", False))
+
+
 def name_shared_memory(prefix: str) -> None:
     """In this process, names every new ``SharedMemory(create=True)`` segment
     ``/<prefix><random hex>`` instead of ``/psm_<random hex>``: the standard

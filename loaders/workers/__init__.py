@@ -6,6 +6,8 @@
 - `main_script`: what a spawned worker would need from the user's main
   script, and whether that script can be run again.
 - `record_pool`: the numpy and hf backends' transform worker processes.
+- `shared_pool`: those processes, one pool per job and worker count that
+  every loader shares.
 - `shared_batches`: finished batches handed back as files in shared memory.
 - `read_ahead`: one thread body reading an iterator into a bounded queue.
 - `disk_read_ahead`: threads reading the coming rows of memory-mapped

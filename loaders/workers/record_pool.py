@@ -5,13 +5,19 @@ Processes, not threads: a per-record transform is Python (decode calls,
 crops, flips) and holds the GIL for much of each record (measured on
 digits-png, see docs/data.md). A finished batch comes back as a file in
 shared memory (`jaxfeed.loaders.workers.shared_batches`), not through a pipe.
+The processes are this process's shared pool for that worker count
+(`jaxfeed.loaders.workers.shared_pool`): a train and a validation loader
+start one set, not two.
 """
 
 from __future__ import annotations
 
 import collections
 import concurrent.futures
+import concurrent.futures.process
+import contextlib
 import os
+import time
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
@@ -19,37 +25,26 @@ from typing import Any
 import numpy as np
 from jaxfeed.loaders.frameworks.multiprocessing import pool_processes
 from jaxfeed.loaders.transform import RecordTransform
-from jaxfeed.loaders.workers import shared_batches
+from jaxfeed.loaders.workers import shared_batches, shared_pool
 from jaxfeed.loaders.workers.main_script import from_main
-from jaxfeed.loaders.workers.spawn import SPAWN, SPAWN_WITHOUT_MAIN, raise_if_dead
+from jaxfeed.loaders.workers.spawn import raise_if_dead
 
 __all__ = ["RecordPool", "RowReader"]
 
 # How often a reader waiting for a batch checks that the workers still run.
 _POLL_SECONDS = 0.1
+# How long a broken pool's workers are given to end, to name the one that died.
+_SETTLE_SECONDS = 5.0
 
 RowReader = Callable[[np.ndarray], Mapping[str, Any]]
 """Index array -> each field's values of those rows (picklable into workers)."""
 
 
-# One worker's reader, transform and output directory, set once as it starts.
-_WORK: tuple[RowReader, RecordTransform, str] | None = None
-
-
-def _start(read: RowReader, transform: RecordTransform, directory: str) -> None:
-    global _WORK
-    _WORK = (read, transform, directory)
-
-
-def _batch(indices: np.ndarray, epoch: int) -> shared_batches.Handed:
-    """In a worker: one batch, handed back as a file (`shared_batches`)."""
-    read, transform, directory = _WORK
-    return shared_batches.write(transform.batch(read(indices), indices, epoch), directory)
-
-
 class RecordPool:
     """``num_workers`` spawned processes, started at the first batch and kept
-    for every epoch after, each reading and transforming whole batches.
+    for every epoch after, each reading and transforming whole batches; the
+    same processes serve every other pool of this process with that many
+    workers (`shared_pool`), each batch with its own pool's reader and transform.
 
     Batches come back in order, with ``2 * num_workers`` in flight. A worker
     that dies (also while it starts) is an error within a fraction of a
@@ -62,24 +57,26 @@ class RecordPool:
         transform.check_picklable(f"num_workers={num_workers}")
         self._work = (read, transform)
         self.num_workers = num_workers
+        self._member: shared_pool.Member | None = None
         self._pool: concurrent.futures.ProcessPoolExecutor | None = None
         self._stop: weakref.finalize | None = None
 
     def batches(self, index_batches: Sequence[np.ndarray], epoch: int) -> Iterator[dict]:
-        if self._pool is None:
-            directory = shared_batches.make_directory()
-            self._pool = concurrent.futures.ProcessPoolExecutor(
-                self.num_workers,
-                mp_context=SPAWN if from_main(*self._work) else SPAWN_WITHOUT_MAIN,
-                initializer=_start,
-                initargs=(*self._work, directory),
-            )
-            # Also at garbage collection and exit: no worker or file is left behind.
-            self._stop = weakref.finalize(self, _stop, self._pool, directory)
+        if self._member is not None and self._member.dead():
+            self.close()  # told as an error to the epoch it killed: new workers now
+        if self._member is None:
+            self._member = shared_pool.join(self._work, self.num_workers, from_main(*self._work))
+            self._pool = self._member.executor
+            # Also at garbage collection and exit: the last member stops the workers.
+            self._stop = weakref.finalize(self, self._member.close)
         pending: collections.deque = collections.deque()
         try:
             for indices in index_batches:
-                pending.append(self._pool.submit(_batch, indices, epoch))
+                try:
+                    pending.append(self._member.submit(indices, epoch))
+                except concurrent.futures.process.BrokenProcessPool:
+                    self._raise_if_dead(settle=True)  # a worker died since: name it
+                    raise
                 if len(pending) >= 2 * self.num_workers:
                     yield shared_batches.collect(*self._result(pending.popleft()))
             while pending:
@@ -87,7 +84,8 @@ class RecordPool:
         finally:
             for future in pending:  # closed early: drop what no one will read
                 if not future.cancel() and not future.exception():
-                    os.unlink(future.result()[0])
+                    with contextlib.suppress(FileNotFoundError):  # the pool stopped
+                        os.unlink(future.result()[0])
 
     def _result(self, future: concurrent.futures.Future) -> Any:
         """The future's result, the workers checked with every one: a worker
@@ -99,18 +97,28 @@ class RecordPool:
                 result = future.result(timeout=_POLL_SECONDS)
             except concurrent.futures.TimeoutError:
                 result = None
-            # No public accessor: the executor keeps its processes in ``_processes``.
-            raise_if_dead(pool_processes(self._pool), "transform worker", "smaller batches")
+            except concurrent.futures.process.BrokenProcessPool:
+                self._raise_if_dead(settle=True)  # every loader on the pool: name the worker
+                raise
+            self._raise_if_dead()
             if result is not None:
                 return result
 
+    def _raise_if_dead(self, settle: bool = False) -> None:
+        """Raises naming a worker that died. ``settle``: the pool broke, so all
+        its workers are ending; each is waited for (bounded), as the executor
+        fails the futures the moment it sees one gone, maybe before the dead
+        one can be reaped (seen under load)."""
+        processes = pool_processes(self._pool)
+        if settle:
+            deadline = time.monotonic() + _SETTLE_SECONDS
+            for process in processes:
+                process.join(max(0.0, deadline - time.monotonic()))
+        raise_if_dead(processes, "transform worker", "smaller batches")
+
     def close(self) -> None:
-        """Stops the workers; the next batch starts new ones."""
-        self._pool = None
+        """Leaves the shared workers (stopped if no other pool uses them); the
+        next batch joins them again, or starts new ones."""
+        self._member = self._pool = None
         if self._stop is not None:
             self._stop()
-
-
-def _stop(pool: concurrent.futures.ProcessPoolExecutor, directory: str) -> None:
-    pool.shutdown(cancel_futures=True)
-    shared_batches.remove_directory(directory)

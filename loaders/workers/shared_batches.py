@@ -51,14 +51,15 @@ _PREFIX = "jaxfeed-batches-"
 _HELD: dict[str, int] = {}  # directory -> the open lock file that says its owner lives
 
 
-def make_directory() -> str:
+def make_directory(base: str | None = None) -> str:
     """A fresh directory in memory (``/dev/shm``), else in the temporary
-    directory, owned by this process through an ``flock`` on a file in it.
-    Directories left by a run that died (even by SIGKILL) are removed first:
-    the kernel freed their lock with their owner, whatever PID namespace it
-    ran in."""
+    directory (or in ``base``), owned by this process through an ``flock`` on
+    a file in it. Directories left by a run that died (even by SIGKILL) are
+    removed first: the kernel freed their lock with their owner, whatever PID
+    namespace it ran in."""
     shm = "/dev/shm"
-    base = shm if os.path.isdir(shm) and os.access(shm, os.W_OK) else tempfile.gettempdir()
+    if base is None:
+        base = shm if os.path.isdir(shm) and os.access(shm, os.W_OK) else tempfile.gettempdir()
     directory, handle = owned_directory(base, _PREFIX)
     _HELD[directory] = handle
     return directory
