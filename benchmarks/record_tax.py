@@ -1,6 +1,6 @@
 """What jaxfeed's per-record path costs over a plain loop, at 0 workers, in CPU time.
 
-    python3 benchmarks/record_tax.py --data-dir ../shared/data/mnist
+    python3 benchmarks/record_tax.py --data-dir ../shared/data/mnist --batches 150
 
 On ``digits-png`` (PNG decode, random resized crop, flip per record), in one
 process: the plain loop that calls ``augment(record, rng)`` on the same rows
@@ -33,7 +33,7 @@ TARGET = 0.95
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data-dir", default=str(SHARED_MNIST))
-    parser.add_argument("--backends", default="numpy,hf,torch")
+    parser.add_argument("--backends", default="numpy,hf,torch,tf,grain")
     parser.add_argument("--batches", type=int, default=60, help="timed batches per row")
     parser.add_argument("--batch-size", type=int, default=128)
     args = parser.parse_args()

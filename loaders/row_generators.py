@@ -15,7 +15,6 @@ implements it: pool size 4, no spawn key), and each row's
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -32,9 +31,14 @@ _POOL = 4  # SeedSequence's default pool size
 _STATE_WORDS = 4  # uint64 words PCG64 asks its seed sequence for
 
 
-def row_generators(seed: int, epoch: int, rows: np.ndarray) -> Iterator[np.random.Generator]:
-    """One fresh generator per row, each ``default_rng((seed, epoch, row))``,
-    made as it is asked for (so the last row's is freed as the next is made).
+def row_generators(seed: int, epoch: int, rows: np.ndarray) -> list[np.random.Generator]:
+    """One fresh generator per row, each ``default_rng((seed, epoch, row))``.
+
+    All are made here, one after the other, before the first is used: made
+    one per record between a transform's calls, each cost 3-4 times as much
+    CPU (measured with the decode workload: 4% of its records' time, against
+    1.5% made together), its code and objects evicted from the caches by the
+    transform's work each time.
 
     Args:
       seed, epoch: non-negative ints.
@@ -53,8 +57,11 @@ def row_generators(seed: int, epoch: int, rows: np.ndarray) -> Iterator[np.rando
             for k in range(row_words):
                 entropy[len(common) + k] = part >> np.uint64(32 * k)  # the low 32 bits kept
             states[pick] = _state(_pool(entropy))
-    for row, state in zip(rows.tolist(), states, strict=True):
-        yield np.random.Generator(np.random.PCG64(RowSeed((seed, epoch, row), state)))
+    generator, pcg64 = np.random.Generator, np.random.PCG64
+    return [
+        generator(pcg64(RowSeed((seed, epoch, row), state)))
+        for row, state in zip(rows.tolist(), states, strict=True)
+    ]
 
 
 class RowSeed(ISpawnableSeedSequence):

@@ -136,3 +136,52 @@ def test_a_batch_is_what_row_by_row_calls_give():
         expected = fn(None, np.random.default_rng((0, 0, row)))
         assert batch["x"][j].tobytes() == expected["x"].tobytes() and batch["y"][j] == expected["y"]
     assert batch["x"].dtype == np.float32 and batch["y"].dtype == np.int32
+
+
+def test_a_batchs_generators_are_made_together_and_each_its_own():
+    rows = np.array([3, 3, 2**40])
+    generators = row_generators(1, 2, rows)
+    assert isinstance(generators, list) and len({id(g) for g in generators}) == 3
+    first = generators[0].random(2)  # one row's draws leave the next row's stream alone
+    assert generators[1].random(2).tolist() == first.tolist()
+    assert (
+        generators[2].bit_generator.state
+        == np.random.default_rng((1, 2, 2**40)).bit_generator.state
+    )
+
+
+def test_fields_of_other_names_but_as_many_are_named_by_row():
+    # Row 0's fields are x and y; row 6 returns x and z: as many, so only the stack sees it.
+    def renamed(record, rng):
+        out = {"x": np.zeros(2, np.float32), "y": np.int32(1)}
+        if int(record["row"]) == 6:
+            out["z"] = out.pop("y")
+        return out
+
+    with pytest.raises(TransformError, match=r"fields \['x', 'z'\] for row 6 \(epoch 0\)"):
+        _batch(_transform(renamed), [2, 6, 7])
+    # An earlier row's wrong shape still comes first.
+    wrong = _wrong_on({2: np.zeros(3)})
+
+    def both(record, rng):
+        return renamed(record, rng) if int(record["row"]) == 6 else wrong(record, rng)
+
+    with pytest.raises(TransformError, match=r"field 'x' of shape \(3,\) for row 2"):
+        _batch(_transform(both), [1, 2, 6])
+
+
+def test_a_record_that_is_a_mapping_but_not_a_dict_is_batched():
+    from types import MappingProxyType
+
+    def proxy(record, rng):
+        return MappingProxyType({"x": rng.random(2).astype(np.float32), "y": np.int32(1)})
+
+    batch = _batch(_transform(proxy), [4, 0])
+    expected = np.random.default_rng((0, 0, 4)).random(2).astype(np.float32)
+    assert batch["x"][0].tobytes() == expected.tobytes() and batch["y"].tolist() == [1, 1]
+
+    def list_on_3(record, rng):
+        return [1] if int(record["row"]) == 3 else proxy(record, rng)
+
+    with pytest.raises(TransformError, match=r"returned list for row 3; it must return a dict"):
+        _batch(_transform(list_on_3), [1, 3])
