@@ -48,10 +48,13 @@ def load_files(found: Found, split: str) -> ArrayDataset:
       ValueError: a record or column jaxfeed cannot read (named with its file
         and index).
     """
-    fields, description = _in_place(found, split) or _copied(found, split)
+    in_place = _in_place(found, split)
+    fields, description = in_place or _copied(found, split)
     dataset = ArrayDataset(f"{found.name}/{split}", fields)
     dataset.classes = tuple(description.get("classes", ()))
     dataset.units = tuple(description.get("units", ()))
+    if in_place:
+        dataset.arrow_files = tuple(str(path.resolve()) for path in found.files)
     if (found.record_format or found.format) == "arrayrecord":
         _, _, first = next(arrayrecord.arrayrecord_records(found.files[0]))
         files = tuple(str(p) for p in found.files)

@@ -42,6 +42,12 @@ def written(tmp_path_factory, cache):
         with new(root / name / "train.arrow", whole.schema, options=options) as writer:
             writer.write_table(whole, max_chunksize=5)
         paths[name] = root / name
+    (root / "two").mkdir()  # two stream files, one split
+    half = TRAIN_ROWS // 2
+    for part, rows in enumerate((whole.slice(0, half), whole.slice(half))):
+        with pa.ipc.new_stream(root / "two" / f"train-{part}.arrow", whole.schema) as writer:
+            writer.write_table(rows, max_chunksize=4)
+    paths["two"] = root / "two"
     return paths
 
 
@@ -65,16 +71,16 @@ def epochs(backend: str, dataset, **options) -> list[list[dict]]:
         source.close()
 
 
-@pytest.mark.parametrize("name", ["arrow", "stream", "hf"])
+@pytest.mark.parametrize("name", ["arrow", "stream", "hf", "two"])
 def test_arrow_files_are_read_in_place_with_no_copy(written, tmp_path, monkeypatch, name):
     monkeypatch.setenv("JAXFEED_CACHE_DIR", str(tmp_path))
     dataset = loaders.load_dataset(written[name], split="train")
     image = dataset["image"]
     assert isinstance(image, BytesField) and image.places is not None
-    assert {os.path.basename(memmap_of(buffer).filename) for buffer in image.data} <= {
-        "train.arrow",
-        "data-00000-of-00001.arrow",
-    }
+    files = {memmap_of(buffer).filename for buffer in image.data}
+    every = written[name].rglob("*.arrow")
+    train = {str(p) for p in every if "test" not in str(p.relative_to(written[name]))}
+    assert files == train
     png, labels = records()["train"]
     assert list(image[np.arange(len(dataset))]) == png
     np.testing.assert_array_equal(dataset["label"], labels)
@@ -85,7 +91,25 @@ def test_arrow_files_are_read_in_place_with_no_copy(written, tmp_path, monkeypat
     assert cached(tmp_path)["places"] == 16 * len(dataset)
 
 
-@pytest.mark.parametrize("name", ["arrow", "stream", "hf"])
+@pytest.mark.parametrize("name", ["arrow", "stream", "hf", "two"])
+def test_hf_reads_the_files_through_datasets_with_no_arrow_copy(
+    written, tmp_path, monkeypatch, name
+):
+    monkeypatch.setenv("JAXFEED_CACHE_DIR", str(tmp_path))
+    dataset = loaders.load_dataset(written[name], split="train")
+    source = loaders.make("hf", dataset=dataset, batch_size=7, seed=5, transform=augment_image)
+    assert source.path is None and source.files == dataset.arrow_files
+    assert sorted(os.listdir(tmp_path)) == ["formats"]  # no hf/ Arrow copy
+    for epoch in (0, 1):
+        want = list(
+            loaders.make(
+                "numpy", dataset=dataset, batch_size=7, seed=5, transform=augment_image
+            ).iter_epoch(epoch)
+        )
+        assert_same_batches(list(source.iter_epoch(epoch)), want)
+
+
+@pytest.mark.parametrize("name", ["arrow", "stream", "hf", "two"])
 def test_five_backends_give_the_batches_of_the_same_records_in_parquet(written, name):
     want = epochs("numpy", written["parquet"])
     for backend in BACKENDS:
