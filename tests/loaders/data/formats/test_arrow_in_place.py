@@ -5,6 +5,7 @@ a changed file is indexed again; record batches are ``shuffle="blocks"``'s
 units; a compressed file falls back to the copy."""
 
 import os
+import pickle
 
 import numpy as np
 import pytest
@@ -154,3 +155,15 @@ def test_a_compressed_file_is_copied(written, tmp_path, monkeypatch):
     assert "bytes" in cached(tmp_path)
     assert dataset.units == loaders.load_dataset(written["stream"]).units
     assert_same_batches(epochs("numpy", written["zstd"])[0], epochs("numpy", written["arrow"])[0])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["torch", "hf"])  # BytesField pickled; ArrowRows
+def test_workers_map_the_arrow_files_by_path(written, backend):
+    dataset = loaders.load_dataset(written["two"])
+    # Into a worker goes where the rows lie (the files' paths), not their bytes.
+    assert len(pickle.dumps(dataset["image"])) < 2_000
+    want = epochs("numpy", written["two"])
+    got = epochs(backend, written["two"], num_workers=2)
+    for epoch in (0, 1):
+        assert_same_batches(got[epoch], want[epoch])
