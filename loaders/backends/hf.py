@@ -2,7 +2,9 @@
 
 The split is written once as one Arrow file under ``cache_root()/"hf"``,
 keyed by its content (an on-disk dataset by its files' identity), and opened
-with ``Dataset.from_file``, which memory-maps it. The file is written
+with ``Dataset.from_file``, which memory-maps it (a dataset read in place
+from the user's Arrow IPC files opens those files instead: no copy,
+`arrow_files_dataset`). The file is written
 streaming, straight from the dataset's buffers (memory-mapped ones too), in
 record batches of `chunk_rows` rows (one, unless an array would pass Arrow's
 2**31 - 1 values), so the conversion holds no copy in memory and runs at disk
