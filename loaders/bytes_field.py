@@ -121,11 +121,23 @@ class BytesField:
             for i, (start, stop) in enumerate(zip(starts.tolist(), stops.tolist(), strict=True)):
                 out[i] = data[start:stop].tobytes()
             return out
-        sizes = (stops - starts).tolist()
-        places = self.places[indices].tolist()
-        for i, ((buffer, start), size) in enumerate(zip(places, sizes, strict=True)):
-            out[i] = self.data[buffer][start : start + size].tobytes()
+        places = self.places[indices]
+        firsts, ends = places[:, 1].tolist(), (places[:, 1] + stops - starts).tolist()
+        views = self._views()  # bytes() of a memoryview slice: a third of numpy's cost a row
+        if len(views) == 1:
+            (view,) = views
+            for i, (first, end) in enumerate(zip(firsts, ends, strict=True)):
+                out[i] = bytes(view[first:end])
+            return out
+        buffers = places[:, 0].tolist()
+        for i, (buffer, first, end) in enumerate(zip(buffers, firsts, ends, strict=True)):
+            out[i] = bytes(views[buffer][first:end])
         return out
+
+    def _views(self) -> tuple[memoryview, ...]:
+        if getattr(self, "_memoryviews", None) is None:
+            self._memoryviews = tuple(memoryview(buffer) for buffer in self.data)
+        return self._memoryviews
 
     def __reduce__(self):
         """A field memory-mapped from files travels into workers as where it
