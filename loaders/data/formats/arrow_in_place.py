@@ -148,7 +148,7 @@ def _binary(column):
 
 def _numbers(column, where: str, row: int) -> np.ndarray:
     try:
-        values = tables._column(column, where, row)
+        values = tables.column_values(column, where, row)
     except ValueError as err:
         raise NotInPlace(str(err)) from None
     if not isinstance(values, np.ndarray):
