@@ -6,6 +6,8 @@ units; a compressed file falls back to the copy."""
 
 import os
 import pickle
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -167,3 +169,35 @@ def test_workers_map_the_arrow_files_by_path(written, backend):
     got = epochs(backend, written["two"], num_workers=2)
     for epoch in (0, 1):
         assert_same_batches(got[epoch], want[epoch])
+
+
+# In a process of its own: were the check gone, SIGBUS would end it, not pytest.
+_CUT_SHORT = r"""
+import os, sys
+from pathlib import Path
+from jaxfeed import loaders
+
+def first_byte(record, rng):
+    return {"x": record["image"][0], "label": record["label"]}
+
+path = Path(sys.argv[1])
+source = loaders.make("numpy", dataset=path, batch_size=4, transform=first_byte)
+next(iter(source.iter_epoch(0)))
+os.truncate(path, path.stat().st_size // 2)  # another job rewriting it, say
+try:
+    for batch in source.iter_epoch(1):
+        pass
+except ValueError as error:
+    print(error)
+"""
+
+
+def test_an_arrow_file_cut_short_under_a_live_source_is_named(written, tmp_path):
+    target = tmp_path / "cut.arrow"
+    target.write_bytes((written["stream"] / "train.arrow").read_bytes())
+    run = subprocess.run(
+        [sys.executable, "-c", _CUT_SHORT, str(target)], capture_output=True, text=True, timeout=300
+    )
+    assert run.returncode == 0, f"status {run.returncode}: {run.stderr[-2000:]}"
+    assert "field 'image': " in run.stdout and "cut.arrow holds" in run.stdout, run.stdout
+    assert "cut short after it was opened" in run.stdout
