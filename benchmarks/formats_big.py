@@ -1,7 +1,19 @@
-"""The user's Parquet files through ``make`` at two sizes, one bigger than RAM.
+"""The user's Parquet (or Arrow IPC) files through ``make`` at two sizes, one bigger than RAM.
 
     flock /tmp/jaxfeed-bigdisk.lock python3 benchmarks/formats_big.py   # both sizes
     python3 benchmarks/formats_big.py --rows 1000000 --window 10          # a quick look
+    python3 benchmarks/formats_big.py --format arrow --rows 2000000 --tag arrow-in-place
+
+``--format arrow`` writes Arrow IPC stream files as ``datasets`` does
+(record batches of 1,000 rows, 500,000 rows a file), ``image`` a binary
+column of `ARROW_IMAGE_BYTES` incompressible bytes per row, ``label`` int64;
+they are read in place (an index in the cache, no copy), and a read's
+transform takes the first 784 bytes of each row as a 28x28 image. The
+one-time step's CPU seconds (``process_time``) are reported beside its wall
+time; ``--copy`` builds and reads the columnar copy instead, as before
+Arrow was read in place (the same code path: a before/after on one
+checkout), and ``warm`` among ``--orders`` reads the window once before
+timing it.
 
 For each size, writes one directory of Parquet files (``image``: 784 uint8 per
 row as a fixed-size list, MNIST-shaped; ``label``: int64; row groups of 65,536
@@ -44,6 +56,8 @@ from common import write_record  # also puts the repo on sys.path
 
 SIDE = 28 * 28
 GROUP_ROWS = 65_536
+ARROW_IMAGE_BYTES = 1_000
+ARROW_BATCH_ROWS, ARROW_FILE_ROWS = 1_000, 500_000  # datasets' writer batch, ~500 MB shards
 
 
 def write_parquet(directory: Path, rows: int) -> float:
@@ -67,6 +81,54 @@ def write_parquet(directory: Path, rows: int) -> float:
     return rows * (SIDE + 8) / (time.perf_counter() - started) / 1e6
 
 
+def write_arrow(directory: Path, rows: int) -> float:
+    """``rows`` rows in Arrow IPC stream files; returns MB/s of rows written."""
+    import pyarrow as pa
+
+    directory.mkdir(parents=True)
+    schema = pa.schema([("image", pa.binary()), ("label", pa.int64())])
+    rng, started = np.random.default_rng(0), time.perf_counter()
+    for first in range(0, rows, ARROW_FILE_ROWS):
+        path = directory / f"data-{first // ARROW_FILE_ROWS:05d}.arrow"
+        with pa.ipc.new_stream(path, schema) as writer:
+            for start in range(first, min(rows, first + ARROW_FILE_ROWS), ARROW_BATCH_ROWS):
+                n = min(ARROW_BATCH_ROWS, rows - start)
+                data = rng.integers(0, 256, n * ARROW_IMAGE_BYTES, np.uint8)
+                offsets = np.arange(n + 1, dtype=np.int32) * ARROW_IMAGE_BYTES
+                image = pa.Array.from_buffers(
+                    pa.binary(), n, [None, pa.py_buffer(offsets), pa.py_buffer(data)]
+                )
+                label = pa.array(np.arange(start, start + n) % 10)
+                writer.write_batch(pa.record_batch([image, label], schema=schema))
+    return rows * (ARROW_IMAGE_BYTES + 8) / (time.perf_counter() - started) / 1e6
+
+
+def first_pixels(record: dict, rng: np.random.Generator) -> dict:
+    """An Arrow row's first 784 bytes as a 28x28 image (the read's transform)."""
+    image = np.frombuffer(record["image"], np.uint8, SIDE).reshape(28, 28)
+    return {"image": image, "label": record["label"]}
+
+
+def _dataset(data: Path, copy: bool):
+    """``data`` as ``load_dataset`` reads it, or, with ``copy``, through the
+    columnar copy every format was read through before Arrow was read in place."""
+    from jaxfeed.loaders.array_dataset import ArrayDataset
+    from jaxfeed.loaders.data import formats
+
+    from jaxfeed import loaders
+
+    if not copy:
+        return loaders.load_dataset(data)
+    fields, description = formats._copied(formats.locate(data, "train", ["train"]), "train")
+    dataset = ArrayDataset("copied/train", fields)
+    dataset.units = tuple(description["units"])
+    return dataset
+
+
+def _source_files(data: Path) -> list[Path]:
+    return [p for p in data.iterdir() if p.suffix in (".parquet", ".arrow")]
+
+
 def _peak_rss_anon() -> list[int]:
     """A list whose one item follows this process's peak RssAnon (bytes)."""
     peak = [0]
@@ -83,14 +145,13 @@ def _peak_rss_anon() -> list[int]:
     return peak
 
 
-def measure_copy(data: Path) -> dict:
+def measure_copy(data: Path, copy: bool) -> dict:
     peak = _peak_rss_anon()
-    from jaxfeed import loaders
 
-    source = sum(p.stat().st_size for p in data.glob("*.parquet"))
-    started = time.perf_counter()
-    dataset = loaders.load_dataset(data)
-    seconds = time.perf_counter() - started
+    source = sum(p.stat().st_size for p in _source_files(data))
+    started, cpu = time.perf_counter(), time.process_time()
+    dataset = _dataset(data, copy)
+    seconds, cpu = time.perf_counter() - started, time.process_time() - cpu
     cache = Path(os.environ["JAXFEED_CACHE_DIR"])
     copied = sum(f.stat().st_size for f in cache.rglob("*") if f.is_file())
     return {
@@ -99,26 +160,37 @@ def measure_copy(data: Path) -> dict:
         "source_MB": source / 1e6,
         "copy_MB": copied / 1e6,
         "copy_s": seconds,
+        "copy_cpu_s": cpu,
         "copy_MB_per_s": copied / seconds / 1e6,
         "peak_rss_anon_MiB": peak[0] / 2**20,
     }
 
 
-def measure_read(data: Path, backend: str, order: str, window: float) -> dict:
+def measure_read(data: Path, backend: str, order: str, window: float, copy: bool) -> dict:
     peak = _peak_rss_anon()
     from jaxfeed import loaders
 
     cache = Path(os.environ["JAXFEED_CACHE_DIR"])
-    evict([f for f in cache.rglob("*") if f.is_file()])
-    shuffle = "blocks" if order == "blocks" else True
-    source = loaders.make(backend, dataset=data, batch_size=1024, shuffle=shuffle)
-    rows, started = 0, time.perf_counter()
-    for batch in source.iter_epoch(0):
-        rows += int(batch["mask"].sum())
-        if time.perf_counter() - started > window:
-            break
-    seconds = time.perf_counter() - started
-    row_bytes = SIDE + 4  # the copy's image row and int32 label
+    arrow = any(p.suffix == ".arrow" for p in _source_files(data))
+    if order != "warm":
+        evict([f for f in cache.rglob("*") if f.is_file()] + _source_files(data))
+    shuffle = "blocks" if order in ("blocks", "warm") else True
+    transform = {"transform": first_pixels} if arrow else {}
+    dataset = _dataset(data, copy)
+    source = loaders.make(backend, dataset=dataset, batch_size=1024, shuffle=shuffle, **transform)
+
+    def read() -> tuple[int, float, float]:
+        rows, started, cpu = 0, time.perf_counter(), time.process_time()
+        for batch in source.iter_epoch(0):
+            rows += int(batch["mask"].sum())
+            if time.perf_counter() - started > window:
+                break
+        return rows, time.perf_counter() - started, time.process_time() - cpu
+
+    if order == "warm":
+        read()
+    rows, seconds, cpu = read()
+    row_bytes = (ARROW_IMAGE_BYTES if arrow else SIDE) + 4  # an image row and an int32 label
     return {
         "backend": backend,
         "order": order,
@@ -126,12 +198,14 @@ def measure_read(data: Path, backend: str, order: str, window: float) -> dict:
         "MB_per_s": rows * row_bytes / seconds / 1e6,
         "rows_read": rows,
         "seconds": seconds,
+        "cpu_us_per_row": cpu / max(1, rows) * 1e6,
         "peak_rss_anon_MiB": peak[0] / 2**20,
     }
 
 
-def _fresh(args: list[str], cache: Path) -> dict:
+def _fresh(args: list[str], cache: Path, copy: bool = False) -> dict:
     env = {**os.environ, "JAXFEED_CACHE_DIR": str(cache)}
+    args = [*args, "--copy"] if copy else args
     done = subprocess.run(
         [sys.executable, __file__, *args], capture_output=True, text=True, env=env, timeout=7200
     )
@@ -149,16 +223,20 @@ def main() -> None:
     parser.add_argument("--limit-seconds", type=float, default=5.0)
     parser.add_argument("--keep", action="store_true", help="keep the data after measuring")
     parser.add_argument("--tag", default="cpu")
+    parser.add_argument("--format", default="parquet", choices=("parquet", "arrow"))
+    parser.add_argument("--orders", help="blocks, full, warm (default: blocks, full if it fits)")
+    parser.add_argument("--copy", action="store_true", help="read Arrow through the copy")
     parser.add_argument("--measure", help=argparse.SUPPRESS)
     parser.add_argument("--data", help=argparse.SUPPRESS)
     parser.add_argument("--backend", help=argparse.SUPPRESS)
     parser.add_argument("--order", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.measure == "copy":
-        print(json.dumps(measure_copy(Path(args.data))))
+        print(json.dumps(measure_copy(Path(args.data), args.copy)))
         return
     if args.measure == "read":
-        print(json.dumps(measure_read(Path(args.data), args.backend, args.order, args.window)))
+        read = measure_read(Path(args.data), args.backend, args.order, args.window, args.copy)
+        print(json.dumps(read))
         return
     # A kill (timeout, Ctrl-C) still deletes the data in the finally below.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -169,22 +247,26 @@ def main() -> None:
     for rows in [int(r) for r in args.rows.split(",")]:
         root.mkdir(parents=True, exist_ok=True)
         work = Path(tempfile.mkdtemp(prefix=f"rows-{rows}-", dir=root))
-        data, cache = work / "parquet", work / "cache"
+        data, cache = work / args.format, work / "cache"
         try:
-            written = write_parquet(data, rows)
-            copy = _fresh(["--measure", "copy", "--data", str(data)], cache)
+            written = (write_arrow if args.format == "arrow" else write_parquet)(data, rows)
+            copy = _fresh(["--measure", "copy", "--data", str(data)], cache, args.copy)
             images = max(
-                (f for f in cache.rglob("*") if f.is_file()), key=lambda f: f.stat().st_size
+                (f for f in [*cache.rglob("*"), *_source_files(data)] if f.is_file()),
+                key=lambda f: f.stat().st_size,
             )
             evict([images])
             limits = disk_limits(images, args.limit_seconds)
             fits = copy.get("copy_MB", 0) * 1e6 < ram / 2
             reads = []
             for backend in args.backends.split(","):
-                for order in ["blocks"] + (["full"] if fits else []):
+                orders = args.orders.split(",") if args.orders else ["blocks"] + ["full"] * fits
+                for order in orders:
                     options = ["--backend", backend, "--order", order, "--window", str(args.window)]
                     reads.append(
-                        _fresh(["--measure", "read", "--data", str(data), *options], cache)
+                        _fresh(
+                            ["--measure", "read", "--data", str(data), *options], cache, args.copy
+                        )
                     )
                     print(json.dumps(reads[-1]), flush=True)
         finally:
@@ -196,8 +278,12 @@ def main() -> None:
         results.append(entry)
         print(json.dumps(entry), flush=True)
         lines.append(
-            f"{rows:,} rows, copy {copy.get('copy_MB', 0) / 1e3:.1f} GB (RAM {ram / 2**30:.0f} "
-            f"GiB), load {load[0]:.1f}: copy {copy.get('copy_MB_per_s', 0):.0f} MB/s "
+            f"{rows:,} {args.format} rows{' (copied)' if args.copy else ''}, source "
+            f"{copy.get('source_MB', 0) / 1e3:.1f} GB, "
+            f"cache {copy.get('copy_MB', 0) / 1e3:.2f} GB (RAM {ram / 2**30:.0f} GiB), load "
+            f"{load[0]:.1f}: load_dataset {copy.get('copy_s', 0):.1f} s "
+            f"({copy.get('copy_cpu_s', 0):.1f} CPU s), cache "
+            f"{copy.get('copy_MB_per_s', 0):.0f} MB/s "
             f"(peak RssAnon {copy.get('peak_rss_anon_MiB', 0):.0f} MiB); disk sequential "
             f"{limits['sequential_MBps']:.0f} MB/s, random 4K IOPS {limits['random_4k_iops_1']:.0f}"
             f" (1 reader) / {limits['random_4k_iops_32']:.0f} (32)"
@@ -207,9 +293,10 @@ def main() -> None:
                 lines.append(f"  error: {r['error']}")
                 continue
             lines.append(
-                f"  {r['backend']:6s} {r['order']:6s} cold {r['rows_per_s']:>10,.0f} rows/s "
+                f"  {r['backend']:6s} {r['order']:6s} {r['rows_per_s']:>10,.0f} rows/s "
                 f"{r['MB_per_s']:7.1f} MB/s ({r['MB_per_s'] / limits['sequential_MBps']:.0%} of "
-                f"sequential) peak RssAnon {r['peak_rss_anon_MiB']:.0f} MiB"
+                f"sequential), {r['cpu_us_per_row']:.1f} CPU us/row, peak RssAnon "
+                f"{r['peak_rss_anon_MiB']:.0f} MiB"
             )
     text = "\n".join(lines)
     print(text)

@@ -69,6 +69,10 @@ class ArrayDataset(Mapping[str, np.ndarray]):
     TFRecord/ArrayRecord shard, a Parquet row group, an Arrow record batch):
     ``shuffle="blocks"`` keeps its blocks inside them; () when none."""
 
+    arrow_files: tuple[str, ...] = ()
+    """For a dataset read in place from Arrow IPC files: the files in order,
+    which the hf backend opens with `datasets` itself (no Arrow copy)."""
+
     record_files: tuple[tuple[str, ...], bool] | None = None
     """For a dataset read from ArrayRecord files: ``(the files in order,
     whether they hold Examples)``, which the grain backend reads in place."""

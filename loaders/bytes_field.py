@@ -1,5 +1,6 @@
 """`BytesField`: a field of variable-length bytes per row (encoded images,
-serialized records), held as one buffer plus row offsets."""
+serialized records), held as one buffer plus row offsets, or as rows placed
+anywhere in a few buffers (files read in place)."""
 
 from __future__ import annotations
 
@@ -22,30 +23,51 @@ class BytesField:
     Such a field cannot reach a device: ``make`` needs a ``transform`` that
     turns it into numbers.
 
+    With ``places``, the rows are not back to back: row ``i`` is its
+    ``offsets[i + 1] - offsets[i]`` bytes at byte ``places[i, 1]`` of buffer
+    ``data[places[i, 0]]``. That is a file read in place (an Arrow IPC file's
+    binary column over many record batches, or several such files), each
+    buffer one memory-mapped file; a step-1 slice of it is gathered into a
+    contiguous field.
+
     Args:
-      offsets: int64 ``[rows + 1]``, from 0, never decreasing, ending at ``len(data)``.
-      data: the rows' bytes back to back, uint8.
+      offsets: int64 ``[rows + 1]``, from 0, never decreasing, ending at
+        ``len(data)`` (without ``places``; with them, at the rows' total bytes).
+      data: the rows' bytes back to back, uint8; with ``places``, a tuple of
+        uint8 buffers.
+      places: None, or int64 ``[rows, 2]``: each row's buffer and first byte.
 
     Raises:
-      ValueError: offsets that do not describe ``data``.
+      ValueError: offsets (and places) that do not describe ``data``.
     """
 
     dtype = np.dtype(object)
     ndim = 1
 
-    def __init__(self, offsets: np.ndarray, data: np.ndarray):
+    def __init__(
+        self, offsets: np.ndarray, data: np.ndarray | tuple, places: np.ndarray | None = None
+    ):
         offsets = np.ascontiguousarray(offsets, dtype=np.int64)
-        data = np.ascontiguousarray(data).view(np.uint8).reshape(-1)
-        if offsets.ndim != 1 or not len(offsets) or offsets[0] != 0 or offsets[-1] != len(data):
+        if places is None:
+            data = _bytes_view(data)
+            total = len(data)
+        else:
+            data = tuple(_bytes_view(buffer) for buffer in data)
+            places = np.ascontiguousarray(places, dtype=np.int64)
+            total = int(offsets[-1]) if len(offsets) else 0
+        if offsets.ndim != 1 or not len(offsets) or offsets[0] != 0 or offsets[-1] != total:
             raise ValueError(
-                f"offsets must run from 0 to len(data) = {len(data)}, one more than the "
+                f"offsets must run from 0 to len(data) = {total}, one more than the "
                 f"rows; got {len(offsets)} offsets"
             )
         if np.any(np.diff(offsets) < 0):
             raise ValueError("offsets must never decrease")
-        for array in (offsets, data):
+        if places is not None:
+            _check_places(places, offsets, data)
+            places.flags.writeable = False
+        for array in (offsets, *(data if places is not None else (data,))):
             array.flags.writeable = False
-        self.offsets, self.data = offsets, data
+        self.offsets, self.data, self.places = offsets, data, places
 
     @classmethod
     def from_values(cls, values: Sequence[bytes]) -> BytesField:
@@ -69,7 +91,7 @@ class BytesField:
 
     @property
     def nbytes(self) -> int:
-        return self.data.nbytes + self.offsets.nbytes
+        return sum(array.nbytes for array in self.content())
 
     def __len__(self) -> int:
         return len(self.offsets) - 1
@@ -81,9 +103,11 @@ class BytesField:
             row = int(key) + len(self) if key < 0 else int(key)
             if not 0 <= row < len(self):
                 raise IndexError(f"row {key} is outside a field of {len(self)} rows")
-            return self.data[self.offsets[row] : self.offsets[row + 1]].tobytes()
+            return self[np.array([row])][0]
         if isinstance(key, slice):
             start, stop, step = key.indices(len(self))
+            if step == 1 and self.places is not None:
+                return BytesField.from_values(list(self[np.arange(start, max(start, stop))]))
             if step == 1:
                 stop = max(start, stop)
                 ends = self.offsets[start : stop + 1]
@@ -91,24 +115,69 @@ class BytesField:
             key = np.arange(start, stop, step)
         indices = np.asarray(key, dtype=np.int64)
         out = np.empty(len(indices), dtype=object)
-        data, starts, stops = self.data, self.offsets[indices], self.offsets[indices + 1]
-        for i, (start, stop) in enumerate(zip(starts.tolist(), stops.tolist(), strict=True)):
-            out[i] = data[start:stop].tobytes()
+        starts, stops = self.offsets[indices], self.offsets[indices + 1]
+        if self.places is None:
+            data = self.data
+            for i, (start, stop) in enumerate(zip(starts.tolist(), stops.tolist(), strict=True)):
+                out[i] = data[start:stop].tobytes()
+            return out
+        places = self.places[indices]
+        firsts, ends = places[:, 1].tolist(), (places[:, 1] + stops - starts).tolist()
+        views = self._views()  # bytes() of a memoryview slice: a third of numpy's cost a row
+        if len(views) == 1:
+            (view,) = views
+            for i, (first, end) in enumerate(zip(firsts, ends, strict=True)):
+                out[i] = bytes(view[first:end])
+            return out
+        buffers = places[:, 0].tolist()
+        for i, (buffer, first, end) in enumerate(zip(buffers, firsts, ends, strict=True)):
+            out[i] = bytes(views[buffer][first:end])
         return out
+
+    def _views(self) -> tuple[memoryview, ...]:
+        if getattr(self, "_memoryviews", None) is None:
+            self._memoryviews = tuple(memoryview(buffer) for buffer in self.data)
+        return self._memoryviews
 
     def __reduce__(self):
         """A field memory-mapped from files travels into workers as where it
         lies, not as all its bytes (`for_pickle`)."""
-        return _unpickle, (for_pickle({"offsets": self.offsets, "data": self.data}),)
+        if self.places is None:
+            return _unpickle, (for_pickle({"offsets": self.offsets, "data": self.data}),)
+        buffers = {f"data{i}": buffer for i, buffer in enumerate(self.data)}
+        return _unpickle, (for_pickle({"offsets": self.offsets, "places": self.places, **buffers}),)
 
-    def content(self) -> tuple[np.ndarray, np.ndarray]:
-        """The two arrays that define the field (what a cache key hashes)."""
-        return self.offsets, self.data
+    def content(self) -> tuple[np.ndarray, ...]:
+        """The arrays that define the field (what a cache key hashes)."""
+        if self.places is None:
+            return self.offsets, self.data
+        return self.offsets, self.places, *self.data
 
     def __repr__(self) -> str:
-        return f"BytesField({len(self)} rows, {len(self.data)} bytes)"
+        return f"BytesField({len(self)} rows, {int(self.offsets[-1])} bytes)"
+
+
+def _bytes_view(buffer: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(buffer).view(np.uint8).reshape(-1)
+
+
+def _check_places(places: np.ndarray, offsets: np.ndarray, data: tuple) -> None:
+    rows = len(offsets) - 1
+    if places.shape != (rows, 2):
+        raise ValueError(f"places must be [rows, 2] = [{rows}, 2], got {list(places.shape)}")
+    if not rows:
+        return
+    buffers, starts = places[:, 0], places[:, 1]
+    if buffers.min() < 0 or buffers.max() >= len(data) or starts.min() < 0:
+        raise ValueError(f"places name a buffer outside the {len(data)} given or a negative start")
+    sizes = np.array([len(buffer) for buffer in data], np.int64)
+    if np.any(starts + np.diff(offsets) > sizes[buffers]):
+        raise ValueError("places put a row past the end of its buffer")
 
 
 def _unpickle(arrays: dict[str, object]) -> BytesField:
     arrays = from_pickle(arrays)
-    return BytesField(arrays["offsets"], arrays["data"])
+    if "places" not in arrays:
+        return BytesField(arrays["offsets"], arrays["data"])
+    buffers = tuple(arrays[f"data{i}"] for i in range(len(arrays) - 2))
+    return BytesField(arrays["offsets"], buffers, arrays["places"])

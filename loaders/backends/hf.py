@@ -2,7 +2,9 @@
 
 The split is written once as one Arrow file under ``cache_root()/"hf"``,
 keyed by its content (an on-disk dataset by its files' identity), and opened
-with ``Dataset.from_file``, which memory-maps it. The file is written
+with ``Dataset.from_file``, which memory-maps it (a dataset read in place
+from the user's Arrow IPC files opens those files instead: no copy,
+`arrow_files_dataset`). The file is written
 streaming, straight from the dataset's buffers (memory-mapped ones too), in
 record batches of `chunk_rows` rows (one, unless an array would pass Arrow's
 2**31 - 1 values), so the conversion holds no copy in memory and runs at disk
@@ -96,14 +98,16 @@ class HFSource(SampledSource):
         if read not in READS:
             raise ValueError(f"read must be one of {READS}, got {read!r}")
         self.read = read
-        self.path = _read_arrow_cache(self, dataset)
-        with _no_progress_bars():
-            rows = datasets.Dataset.from_file(str(self.path / ARROW_FILE))
-        self.rows = rows.with_format("arrow")
-        # The file's record batches, memory-mapped: views, not copies.
+        # The user's own Arrow files, read in place (no copy), or the Arrow copy.
+        self.files, self.path = tuple(dataset.arrow_files), None
+        if not self.files:
+            self.path = _read_arrow_cache(self, dataset)
+            self.files = (str(self.path / ARROW_FILE),)
+        self.rows = arrow_files_dataset(self.files).with_format("arrow")
+        # The files' record batches, memory-mapped: views, not copies.
         self._chunks = self.rows.data.table.to_batches() if read == "take" else None
         self._layout = {key: (a.shape[1:], a.dtype) for key, a in dataset.arrays.items()}
-        self._start_pool("hf", ArrowRows(self.path / ARROW_FILE, self._layout), num_workers)
+        self._start_pool("hf", ArrowRows(self.files, self._layout), num_workers)
 
     def _fetch(
         self, index_batches: Sequence[np.ndarray], epoch: int
@@ -128,7 +132,7 @@ class HFSource(SampledSource):
     def _read_rows(self) -> list[MappedRows]:
         """The Arrow copy's rows (what this source reads), chunk by chunk; bools
         (bit-packed) are left to the kernel."""
-        if not self._chunks:
+        if not self._chunks or self.dataset.arrow_files:  # the user's own columns' layouts
             return []
         layouts = []
         for column, array in enumerate(self.dataset.arrays.values()):
@@ -159,16 +163,35 @@ class HFSource(SampledSource):
             yield to_numpy(table, self._layout)
 
 
+def arrow_files_dataset(files: Sequence[str]) -> datasets.Dataset:
+    """Arrow IPC files as one `datasets.Dataset`, memory-mapped in place:
+    ``Dataset.from_file`` for the stream format (what `datasets` writes);
+    the file format (``.arrow``/``.feather`` from pyarrow), which it does not
+    open, through pyarrow's IPC file reader over a memory map, wrapped as a
+    ``Dataset`` (its buffers are the map's: no copy)."""
+    parts = []
+    with _no_progress_bars():
+        for path in files:
+            with open(path, "rb") as file:
+                is_file_format = file.read(6) == b"ARROW1"
+            if is_file_format:
+                table = pa.ipc.open_file(pa.memory_map(path)).read_all()
+                parts.append(datasets.Dataset(table))
+            else:
+                parts.append(datasets.Dataset.from_file(path))
+        return parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts)
+
+
 def take(chunks: Sequence[pa.RecordBatch], indices: np.ndarray) -> pa.Table:
     """Rows ``indices`` in that order: one ``take`` per record batch that holds some."""
     if len(chunks) == 1:
         return pa.Table.from_batches([chunks[0].take(indices)])
-    rows = chunks[0].num_rows  # every chunk but the last holds as many
-    chunk = indices // rows
+    starts = np.cumsum([0] + [chunk.num_rows for chunk in chunks])
+    chunk = np.searchsorted(starts, indices, side="right") - 1
     by_chunk = np.argsort(chunk, kind="stable")
     bounds = np.searchsorted(chunk[by_chunk], np.arange(len(chunks) + 1))
     pieces = [
-        chunks[c].take(indices[by_chunk[lo:hi]] - c * rows)
+        chunks[c].take(indices[by_chunk[lo:hi]] - starts[c])
         for c, (lo, hi) in enumerate(itertools.pairwise(bounds))
         if hi > lo
     ]
@@ -191,28 +214,44 @@ def to_numpy(table: pa.Table, layout: Layout) -> dict[str, np.ndarray]:
         column = rows.column(key)
         if shape:  # a fixed-size list of the row's values, flattened
             column = column.flatten()
-        # Bools are bit-packed in Arrow, bytes are objects: the fields that are copied.
-        values = column.to_numpy(zero_copy_only=dtype not in (np.bool_, object))
-        out[key] = values.reshape(-1, *shape)
+        if np.dtype(dtype).kind == "O":
+            out[key] = _bytes_values(column)
+            continue
+        # Bools are bit-packed in Arrow: the fields that are copied. A user's
+        # file may hold another width (int64 labels) than the dataset (int32).
+        values = column.to_numpy(zero_copy_only=dtype != np.bool_)
+        out[key] = values.astype(dtype, copy=False).reshape(-1, *shape)
     return out
 
 
+def _bytes_values(column: pa.Array) -> np.ndarray:
+    """A bytes field's rows as an object array of ``bytes``: a user's file may
+    hold them as strings or in an HF ``Image`` struct's ``bytes``, as the
+    dataset's field was read (`jaxfeed.loaders.data.formats.tables`)."""
+    if pa.types.is_struct(column.type):
+        column = column.field("bytes")
+    values = column.to_numpy(zero_copy_only=False)
+    if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
+        encoded = np.empty(len(values), dtype=object)
+        encoded[:] = [value.encode("utf-8") for value in values]
+        return encoded
+    return values
+
+
 class ArrowRows:
-    """Rows of the Arrow copy, for worker processes: each maps the file itself
+    """Rows of the Arrow files, for worker processes: each maps the files itself
     (so a pickle holds its path, not its bytes) and gathers with `take`."""
 
-    def __init__(self, path: Path, layout: Layout):
-        self.path, self.layout = path, dict(layout)
+    def __init__(self, files: Sequence[str], layout: Layout):
+        self.files, self.layout = tuple(files), dict(layout)
         self._chunks: list[pa.RecordBatch] | None = None
 
     def __getstate__(self) -> dict:
-        return {"path": self.path, "layout": self.layout, "_chunks": None}
+        return {"files": self.files, "layout": self.layout, "_chunks": None}
 
     def __call__(self, indices: np.ndarray) -> dict[str, np.ndarray]:
         if self._chunks is None:
-            with _no_progress_bars():
-                rows = datasets.Dataset.from_file(str(self.path))
-            self._chunks = rows.data.table.to_batches()
+            self._chunks = arrow_files_dataset(self.files).data.table.to_batches()
         return to_numpy(take(self._chunks, indices), self.layout)
 
 

@@ -252,18 +252,27 @@ def _check_files_whole(dataset: ArrayDataset) -> None:
       ValueError: naming the field, the file and the bytes missing.
     """
     for name, array in dataset.arrays.items():
-        rows = file_rows(array) if isinstance(array, np.ndarray) else None
-        if rows is None:
+        if isinstance(array, BytesField) and array.places is not None:
+            for buffer in array.data:  # the user's files a field is read in place from
+                _check_file_whole(dataset, name, file_rows(buffer), len(array), len(buffer))
             continue
-        need = rows.offset + len(array) * rows.row_bytes
+        rows = file_rows(array) if isinstance(array, np.ndarray) else None
+        if rows is not None:
+            _check_file_whole(dataset, name, rows, len(array), len(array) * rows.row_bytes)
+
+
+def _check_file_whole(dataset: ArrayDataset, name: str, rows, count: int, nbytes: int) -> None:
+    """`_check_files_whole` for one file, whose ``count`` rows of ``nbytes`` lie at ``rows``."""
+    if rows is not None:
+        need = rows.offset + nbytes
         try:
             size = os.stat(rows.path).st_size
         except FileNotFoundError:
-            continue  # deleted: its pages stay readable while mapped
+            return  # deleted: its pages stay readable while mapped
         if size < need:
             raise ValueError(
                 f"dataset {dataset.name!r}, field {name!r}: {rows.path} holds {size} bytes, "
-                f"but its {len(array)} rows end at byte {need}: the file was cut short after "
+                f"but its {count} rows end at byte {need}: the file was cut short after "
                 "it was opened, and reading it would crash the process (SIGBUS); make the "
                 "source again once the file is complete"
             )

@@ -1,7 +1,9 @@
 """The user's files through ``make``: TFRecord, ArrayRecord, Parquet, Arrow IPC,
 image folders, prepared TFDS and Hugging Face directories.
 
-Each split is streamed once from its files, in sorted name order, into a
+Arrow IPC files are read in place: memory-mapped, with a small index in the
+cache (`jaxfeed.loaders.data.formats.arrow_in_place`); a compressed one, and
+every other format, is streamed once from its files, in sorted name order, into a
 columnar copy in jaxfeed's cache (`jaxfeed.loaders.data.formats.columns`),
 keyed by every file's path, size, modification and change times and inode,
 so a file changed on disk is never served stale. The copy is memory-mapped:
@@ -22,7 +24,14 @@ from pathlib import Path
 
 from jaxfeed.loaders.array_dataset import ArrayDataset
 from jaxfeed.loaders.data.cache import build_once, cache_root
-from jaxfeed.loaders.data.formats import arrayrecord, columns, imagefolder, tables, tfrecord
+from jaxfeed.loaders.data.formats import (
+    arrayrecord,
+    arrow_in_place,
+    columns,
+    imagefolder,
+    tables,
+    tfrecord,
+)
 from jaxfeed.loaders.data.formats.detect import FORMATS, Found, locate, unknown_directory
 from jaxfeed.loaders.data.formats.example import example_batches
 
@@ -39,11 +48,13 @@ def load_files(found: Found, split: str) -> ArrayDataset:
       ValueError: a record or column jaxfeed cannot read (named with its file
         and index).
     """
-    entry = build_once(_entry(found, split), lambda scratch: _write(found, scratch))
-    fields, description = columns.open_columns(entry)
+    in_place = _in_place(found, split)
+    fields, description = in_place or _copied(found, split)
     dataset = ArrayDataset(f"{found.name}/{split}", fields)
     dataset.classes = tuple(description.get("classes", ()))
     dataset.units = tuple(description.get("units", ()))
+    if in_place:
+        dataset.arrow_files = tuple(str(path.resolve()) for path in found.files)
     if (found.record_format or found.format) == "arrayrecord":
         _, _, first = next(arrayrecord.arrayrecord_records(found.files[0]))
         files = tuple(str(p) for p in found.files)
@@ -51,14 +62,32 @@ def load_files(found: Found, split: str) -> ArrayDataset:
     return dataset
 
 
-def _entry(found: Found, split: str) -> Path:
+def _copied(found: Found, split: str) -> tuple[dict, dict]:
+    entry = build_once(_entry(found, split), lambda scratch: _write(found, scratch))
+    return columns.open_columns(entry)
+
+
+def _in_place(found: Found, split: str) -> tuple[dict, dict] | None:
+    """An Arrow split's fields read in place, or None where its files cannot
+    be (compressed): then the copy reads them."""
+    if (found.record_format or found.format) != "arrow":
+        return None
+    index = _entry(found, split, layout=arrow_in_place.LAYOUT_VERSION)
+    build_once(index, lambda scratch: arrow_in_place.write_index(found.files, scratch))
+    opened = arrow_in_place.open_index(index)
+    if opened is not None:
+        opened[1]["classes"] = list(found.classes)  # of an HF directory's ClassLabel
+    return opened
+
+
+def _entry(found: Found, split: str, layout: str = LAYOUT_VERSION) -> Path:
     digest = hashlib.sha1(repr((found.format, found.record_format, found.classes, split)).encode())
     for path in _content_files(found):
         stat = os.stat(path)
         where = (str(path), stat.st_ino, stat.st_dev)  # resolved paths: see _content_files
         digest.update(repr((*where, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns)).encode())
     slug = re.sub(r"[^a-z0-9]+", "-", f"{found.name}-{split}".lower()).strip("-")[-40:]
-    return cache_root() / "formats" / f"{slug}-{LAYOUT_VERSION}-{digest.hexdigest()[:16]}"
+    return cache_root() / "formats" / f"{slug}-{layout}-{digest.hexdigest()[:16]}"
 
 
 def _content_files(found: Found) -> Iterator[Path]:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["ARROW_MAGIC", "PARQUET_MAGIC", "table_batches"]
+__all__ = ["ARROW_MAGIC", "PARQUET_MAGIC", "column_values", "table_batches"]
 
 PARQUET_MAGIC = b"PAR1"
 ARROW_MAGIC = b"ARROW1"  # the file format; the stream format starts with 0xFFFFFFFF
@@ -60,7 +60,7 @@ def table_batches(path: Path, kind: str) -> Iterator[dict]:
             )
         for batch in batches:
             yield {
-                name: _column(batch.column(i), f"{path}, column {name!r}", row)
+                name: column_values(batch.column(i), f"{path}, column {name!r}", row)
                 for i, name in enumerate(batch.schema.names)
             }
             row += batch.num_rows
@@ -71,7 +71,9 @@ def table_batches(path: Path, kind: str) -> Iterator[dict]:
         ) from None
 
 
-def _column(column, where: str, row: int) -> list[bytes] | np.ndarray:
+def column_values(column, where: str, row: int) -> list[bytes] | np.ndarray:
+    """One Arrow column's values as a field holds them (`ColumnWriter` input):
+    bytes rows or an array; one it cannot hold is refused naming ``where`` and ``row``."""
     import pyarrow as pa
 
     kind = column.type
@@ -82,7 +84,7 @@ def _column(column, where: str, row: int) -> list[bytes] | np.ndarray:
             "fill the nulls, or leave the column out"
         )
     if pa.types.is_struct(kind) and kind.get_field_index("bytes") >= 0:  # HF Image / Audio
-        return _column(column.field("bytes"), f"{where}['bytes']", row)
+        return column_values(column.field("bytes"), f"{where}['bytes']", row)
     if pa.types.is_binary(kind) or pa.types.is_large_binary(kind):
         return column.to_pylist()
     if pa.types.is_string(kind) or pa.types.is_large_string(kind):
@@ -112,7 +114,7 @@ def _lists(column, where: str, row: int) -> np.ndarray:
     flat = column.flatten()
     if isinstance(flat, pa.ChunkedArray):
         flat = flat.combine_chunks()
-    inner = _column(flat, where, 0)
+    inner = column_values(flat, where, 0)
     if not isinstance(inner, np.ndarray):
         raise ValueError(f"{where} is a list of {flat.type}; lists of numbers only")
     return inner.reshape(len(column), -1, *inner.shape[1:]) if len(column) else inner
