@@ -17,6 +17,7 @@ import concurrent.futures
 import concurrent.futures.process
 import contextlib
 import os
+import signal
 import time
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -112,8 +113,13 @@ class RecordPool:
         processes = pool_processes(self._pool)
         if settle:
             deadline = time.monotonic() + _SETTLE_SECONDS
-            for process in processes:
-                process.join(max(0.0, deadline - time.monotonic()))
+            # The executor's thread reaps them too: a waitpid that loses that race
+            # reads "running" for an instant, so each is asked until it answers.
+            while any(p.exitcode is None for p in processes) and time.monotonic() < deadline:
+                for process in processes:
+                    process.join(min(0.05, max(0.0, deadline - time.monotonic())))
+            # The executor ends the others with SIGTERM once one died: name that one.
+            processes.sort(key=lambda process: process.exitcode == -signal.SIGTERM)
         raise_if_dead(processes, "transform worker", "smaller batches")
 
     def close(self) -> None:

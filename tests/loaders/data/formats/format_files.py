@@ -6,7 +6,7 @@ labels, sorted by label (the order an image folder reads them in), in
 from pathlib import Path
 
 import numpy as np
-from transform_helpers import encode_png, tinted_rgb
+from transform_helpers import augment_image, encode_png, tinted_rgb
 
 TRAIN_ROWS, TEST_ROWS = 24, 6
 CLASSES = ("cat", "dog", "eel")
@@ -105,3 +105,17 @@ def write_all(root: Path) -> dict[str, Path]:
         paths[name] = root / name
     paths["hf"] = root / "hf"
     return paths
+
+
+def augmented_epochs(backend: str, dataset, **options) -> list[list[dict]]:
+    """Two epochs of ``make(backend, dataset)``'s batches (batch 7, seed 5),
+    each record augmented by `augment_image`: what the format tests compare."""
+    from jaxfeed import loaders
+
+    source = loaders.make(
+        backend, dataset=dataset, batch_size=7, seed=5, transform=augment_image, **options
+    )
+    try:
+        return [list(source.iter_epoch(epoch)) for epoch in (0, 1)]
+    finally:
+        source.close()

@@ -12,7 +12,7 @@ import sys
 import numpy as np
 import pytest
 from backend_helpers import assert_same_batches
-from format_files import TRAIN_ROWS, records, table, write_all
+from format_files import TRAIN_ROWS, augmented_epochs, records, table, write_all
 from jaxfeed.loaders.bytes_field import BytesField
 from jaxfeed.loaders.workers.mapped_files import memmap_of
 from transform_helpers import augment_image
@@ -64,16 +64,6 @@ def cached(cache) -> dict[str, int]:
     return sizes
 
 
-def epochs(backend: str, dataset, **options) -> list[list[dict]]:
-    source = loaders.make(
-        backend, dataset=dataset, batch_size=7, seed=5, transform=augment_image, **options
-    )
-    try:
-        return [list(source.iter_epoch(epoch)) for epoch in (0, 1)]
-    finally:
-        source.close()
-
-
 @pytest.mark.parametrize("name", ["arrow", "stream", "hf", "two"])
 def test_arrow_files_are_read_in_place_with_no_copy(written, tmp_path, monkeypatch, name):
     monkeypatch.setenv("JAXFEED_CACHE_DIR", str(tmp_path))
@@ -114,9 +104,9 @@ def test_hf_reads_the_files_through_datasets_with_no_arrow_copy(
 
 @pytest.mark.parametrize("name", ["arrow", "stream", "hf", "two"])
 def test_five_backends_give_the_batches_of_the_same_records_in_parquet(written, name):
-    want = epochs("numpy", written["parquet"])
+    want = augmented_epochs("numpy", written["parquet"])
     for backend in BACKENDS:
-        got = epochs(backend, written[name])
+        got = augmented_epochs(backend, written[name])
         for epoch in (0, 1):
             assert_same_batches(got[epoch], want[epoch])
 
@@ -126,11 +116,11 @@ def test_record_batches_are_the_blocks(written):
     assert loaders.load_dataset(written["stream"]).units == (5,) * (TRAIN_ROWS // 5) + (
         (TRAIN_ROWS % 5,) if TRAIN_ROWS % 5 else ()
     )
-    want = epochs("numpy", written["parquet"], shuffle="blocks", block_rows=4)
-    got = epochs("numpy", written["arrow"], shuffle="blocks", block_rows=4)
+    want = augmented_epochs("numpy", written["parquet"], shuffle="blocks", block_rows=4)
+    got = augmented_epochs("numpy", written["arrow"], shuffle="blocks", block_rows=4)
     assert got[0][0]["image"].shape == want[0][0]["image"].shape
     for backend in BACKENDS[1:]:
-        other = epochs(backend, written["arrow"], shuffle="blocks", block_rows=4)
+        other = augmented_epochs(backend, written["arrow"], shuffle="blocks", block_rows=4)
         for epoch in (0, 1):
             assert_same_batches(other[epoch], got[epoch])
 
@@ -156,7 +146,10 @@ def test_a_compressed_file_is_copied(written, tmp_path, monkeypatch):
     assert dataset["image"].places is None  # the columnar copy's field
     assert "bytes" in cached(tmp_path)
     assert dataset.units == loaders.load_dataset(written["stream"]).units
-    assert_same_batches(epochs("numpy", written["zstd"])[0], epochs("numpy", written["arrow"])[0])
+    assert_same_batches(
+        augmented_epochs("numpy", written["zstd"])[0],
+        augmented_epochs("numpy", written["arrow"])[0],
+    )
 
 
 @pytest.mark.slow
@@ -165,8 +158,8 @@ def test_workers_map_the_arrow_files_by_path(written, backend):
     dataset = loaders.load_dataset(written["two"])
     # Into a worker goes where the rows lie (the files' paths), not their bytes.
     assert len(pickle.dumps(dataset["image"])) < 2_000
-    want = epochs("numpy", written["two"])
-    got = epochs(backend, written["two"], num_workers=2)
+    want = augmented_epochs("numpy", written["two"])
+    got = augmented_epochs(backend, written["two"], num_workers=2)
     for epoch in (0, 1):
         assert_same_batches(got[epoch], want[epoch])
 

@@ -5,7 +5,7 @@ and with worker processes, which get the memory-mapped fields by path."""
 import numpy as np
 import pytest
 from backend_helpers import assert_same_batches
-from format_files import write_all
+from format_files import augmented_epochs, write_all
 from transform_helpers import augment_image
 
 from jaxfeed import loaders
@@ -18,22 +18,12 @@ def written(tmp_path_factory):
     return write_all(tmp_path_factory.mktemp("formats"))
 
 
-def epochs(backend: str, dataset, **options) -> list[list[dict]]:
-    source = loaders.make(
-        backend, dataset=dataset, batch_size=7, seed=5, transform=augment_image, **options
-    )
-    try:
-        return [list(source.iter_epoch(epoch)) for epoch in (0, 1)]
-    finally:
-        source.close()
-
-
 @pytest.mark.parametrize("name", ["imagefolder", "tfrecord", "arrayrecord", "parquet"])
 def test_five_backends_give_byte_identical_batches(written, name):
-    want = epochs("numpy", written[name])
+    want = augmented_epochs("numpy", written[name])
     assert not np.array_equal(want[0][0]["image"], want[1][0]["image"])  # a new order each epoch
     for backend in BACKENDS[1:]:
-        got = epochs(backend, written[name])
+        got = augmented_epochs(backend, written[name])
         for epoch in (0, 1):
             assert_same_batches(got[epoch], want[epoch])
 
@@ -41,8 +31,8 @@ def test_five_backends_give_byte_identical_batches(written, name):
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", ["numpy", "torch", "grain"])
 def test_workers_read_the_files_by_path(written, backend):
-    want = epochs("numpy", written["tfrecord"])
-    got = epochs(backend, written["tfrecord"], num_workers=2)
+    want = augmented_epochs("numpy", written["tfrecord"])
+    got = augmented_epochs(backend, written["tfrecord"], num_workers=2)
     for epoch in (0, 1):
         assert_same_batches(got[epoch], want[epoch])
 
