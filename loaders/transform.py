@@ -126,12 +126,15 @@ class RecordTransform:
             append(record)
         batch = {}
         for key, (shape, dtype) in self.spec.items():
+            if not records:
+                batch[key] = _fit(np.empty((0,), dtype), dtype, key)
+                continue
             # A field missing (KeyError), or values that do not stack: checked row by row.
             try:
-                stacked = np.stack([record[key] for record in records]) if records else None
+                stacked = np.stack([record[key] for record in records])
             except (KeyError, ValueError, TypeError):
                 stacked = None
-            if records and (
+            if (
                 stacked is None
                 or stacked.shape[1:] != shape
                 or stacked.dtype.kind not in NUMERIC_KINDS
@@ -139,8 +142,6 @@ class RecordTransform:
                 self._check(records, indices, epoch)
                 # Nothing at fault after all: its own error, if any.
                 stacked = np.stack([record[key] for record in records])
-            if not records:
-                stacked = np.empty((0,), dtype)
             batch[key] = _fit(stacked, dtype, key)
         return batch
 

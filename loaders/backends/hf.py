@@ -230,12 +230,11 @@ def _bytes_values(column: pa.Array) -> np.ndarray:
     dataset's field was read (`jaxfeed.loaders.data.formats.tables`)."""
     if pa.types.is_struct(column.type):
         column = column.field("bytes")
-    values = column.to_numpy(zero_copy_only=False)
-    if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
-        encoded = np.empty(len(values), dtype=object)
-        encoded[:] = [value.encode("utf-8") for value in values]
-        return encoded
-    return values
+    if pa.types.is_string(column.type):  # UTF-8 already: the same buffers, as bytes
+        column = column.cast(pa.binary())
+    elif pa.types.is_large_string(column.type):
+        column = column.cast(pa.large_binary())
+    return column.to_numpy(zero_copy_only=False)
 
 
 class ArrowRows:

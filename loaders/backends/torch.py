@@ -150,10 +150,9 @@ class TorchSource(SampledSource):
     def _fetch(
         self, index_batches: Sequence[np.ndarray], epoch: int
     ) -> Iterator[Mapping[str, np.ndarray]]:
-        if self.transform is None:
-            return _collected(self._read(index_batches))
-        # The workers' transform needs the epoch.
-        return _collected(self._read([(epoch, indices) for indices in index_batches]))
+        if self.transform is not None:  # the workers' transform needs the epoch
+            index_batches = [(epoch, indices) for indices in index_batches]
+        return _collected(self._read(index_batches))
 
     def _native_epoch(self, epoch: int) -> Iterator[Mapping[str, np.ndarray]]:
         s = self.sampler

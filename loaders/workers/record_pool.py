@@ -59,7 +59,6 @@ class RecordPool:
         self._work = (read, transform)
         self.num_workers = num_workers
         self._member: shared_pool.Member | None = None
-        self._pool: concurrent.futures.ProcessPoolExecutor | None = None
         self._stop: weakref.finalize | None = None
 
     def batches(self, index_batches: Sequence[np.ndarray], epoch: int) -> Iterator[dict]:
@@ -67,7 +66,6 @@ class RecordPool:
             self.close()  # told as an error to the epoch it killed: new workers now
         if self._member is None:
             self._member = shared_pool.join(self._work, self.num_workers, from_main(*self._work))
-            self._pool = self._member.executor
             # Also at garbage collection and exit: the last member stops the workers.
             self._stop = weakref.finalize(self, self._member.close)
         pending: collections.deque = collections.deque()
@@ -87,6 +85,11 @@ class RecordPool:
                 if not future.cancel() and not future.exception():
                     with contextlib.suppress(FileNotFoundError):  # the pool stopped
                         os.unlink(future.result()[0])
+
+    @property
+    def _pool(self) -> concurrent.futures.ProcessPoolExecutor | None:
+        """The shared executor this pool's batches run on, while it has one."""
+        return None if self._member is None else self._member.executor
 
     def _result(self, future: concurrent.futures.Future) -> Any:
         """The future's result, the workers checked with every one: a worker
@@ -125,6 +128,6 @@ class RecordPool:
     def close(self) -> None:
         """Leaves the shared workers (stopped if no other pool uses them); the
         next batch joins them again, or starts new ones."""
-        self._member = self._pool = None
+        self._member = None
         if self._stop is not None:
             self._stop()

@@ -28,8 +28,12 @@ def digits():
 
 
 @pytest.fixture(autouse=True)
-def no_pool_left_by_earlier_tests():
+def no_pool_left_by_earlier_tests(monkeypatch):
+    """Each test starts with this process's registry empty: a source another
+    test left open (or that its traceback still holds) keeps its pool, which
+    these loaders would join (seen running after test_transform.py)."""
     gc.collect()  # a source another test dropped leaves its pool when collected
+    monkeypatch.setattr(shared_pool, "_POOLS", {})
 
 
 # Two loaders unlike in data, batch size and transform: a batch read with the
