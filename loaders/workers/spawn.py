@@ -16,6 +16,10 @@ workers) then take SIGTERM from their parent only, so a loader's
 ``terminate()`` still ends them. The main process closes its workers itself;
 past its timeout Grain kills its workers (SIGKILL).
 
+Their children leave as forked ones do (``os._exit`` once their work and
+atexit hooks are done): spawn's own exit finalizes the interpreter, which
+aborts a child whose daemon thread is still in C++ code.
+
 `SPAWN_WITHOUT_MAIN`'s processes also skip what spawn does first in every
 child: run the parent's main script again (its imports: JAX, a model
 library, seconds per worker). Only for workers whose every input is known
@@ -26,6 +30,7 @@ spawned workers cost.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import ctypes
 import multiprocessing
@@ -174,6 +179,19 @@ class _StopSignalsIgnoringProcess(SpawnProcess):
         _sigterm_only_from_parent()
         exit_with_parent(self._jaxfeed_parent)
         super().run()
+
+    def _bootstrap(self, *args: Any, **kwargs: Any) -> int:  # in the child
+        code = super()._bootstrap(*args, **kwargs)  # (joins threads, runs finalizers, flushes)
+        # Then leave as a forked child does: with os._exit, after the atexit hooks.
+        # Spawn's own exit finalizes the interpreter, which stops a daemon thread
+        # still at work (a queue's feeder pickling a torch tensor) by unwinding
+        # it out of C++ code that must not throw: SIGABRT, "terminate called
+        # without an active exception", and a worker its parent reports killed.
+        atexit._run_exitfuncs()
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os._exit(code)
 
 
 class _StopSignalsIgnoringSpawn(SpawnContext):
