@@ -1,4 +1,4 @@
-"""The standard library's door: the processes of a process pool.
+"""The standard library's door: the processes of a process pool, and how a child leaves.
 
 Checked against Python 3.11.
 """
@@ -30,3 +30,12 @@ def name_shared_memory(prefix: str) -> None:
     from multiprocessing import shared_memory
 
     shared_memory._make_filename = lambda: f"/{prefix}{secrets.token_hex(8)}"
+
+
+def run_exit_hooks() -> None:
+    """Runs this process's ``atexit`` hooks now, as interpreter exit does
+    first (through the private ``atexit._run_exitfuncs``): for a child that
+    then leaves with ``os._exit``, skipping the interpreter's finalization."""
+    import atexit
+
+    atexit._run_exitfuncs()

@@ -406,6 +406,27 @@ def test_shared_memory_names(monkeypatch):
         segment.unlink()
 
 
+def test_exit_hooks_run_before_an_immediate_exit():
+    import subprocess
+    import sys
+
+    script = (
+        "import atexit, os\n"
+        "atexit.register(print, 'hook ran', flush=True)\n"
+        "from jaxfeed.loaders.frameworks.multiprocessing import run_exit_hooks\n"
+        "run_exit_hooks()\n"
+        "os._exit(0)\n"
+    )
+    command = [sys.executable, "-c", script]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    expect(
+        done.returncode == 0 and done.stdout == "hook ran\n",
+        "multiprocessing",
+        "python",
+        f"run_exit_hooks then os._exit gave {done.returncode}, {done.stdout!r}, {done.stderr!r}",
+    )
+
+
 # --- JAX -----------------------------------------------------------------------------------
 
 

@@ -46,7 +46,20 @@ children = set()
 for task in os.listdir(f"/proc/{me}/task"):
     with open(f"/proc/{me}/task/{task}/children") as file:
         children |= {int(pid) for pid in file.read().split()}
-made = sorted(batch_dirs() - before)
+def owned(pid):  # the directories whose owner's lock ``pid`` holds open
+    found = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if target.endswith("/.owner.lock"):
+            found.add(os.path.dirname(target))
+    return found
+
+# This run's, not those another run on the machine made meanwhile.
+mine = set().union(*(owned(pid) for pid in (me, *children)))
+made = sorted((batch_dirs() - before) & mine)
 print(json.dumps({"children": sorted(children), "made": made}), flush=True)
 sys.stdin.read()
 """
