@@ -119,7 +119,7 @@ def test_examples_read_a_batch_at_a_time_match_record_by_record_and_name_a_bad_o
     columns = _rows(40)
     columns["empty"][:] = [b"x"] * 40
     records = [("f.tfrecord", i, r) for i, r in enumerate(example.serialize_examples(columns))]
-    schema = example._first_schema(records[0])
+    schema = example.example_schema(records[0])
     fast, checked = example._fast_batch(records, schema), example._checked_batch(records, schema)
     assert fast is not None and fast.keys() == checked.keys()
     for name in fast:
