@@ -80,7 +80,14 @@ class ArrayDataset(Mapping[str, np.ndarray]):
 
     _build: Callable[[], Mapping[str, Any]] | None = None  # of a `deferred` dataset
 
-    def __init__(self, name: str, arrays: Mapping[str, np.ndarray], transform: Any = None):
+    def __init__(
+        self,
+        name: str,
+        arrays: Mapping[str, np.ndarray],
+        transform: Any = None,
+        *,
+        deferred: tuple[int, Callable[[], Mapping[str, Any]]] | None = None,
+    ):
         if not isinstance(arrays, Mapping):
             raise TypeError(
                 f"dataset {name!r}: arrays must be a dict of field name -> array, "
@@ -101,10 +108,13 @@ class ArrayDataset(Mapping[str, np.ndarray]):
             raise ValueError(f"dataset {name!r} has no rows")
         self.name = name
         self.transform = transform
-        self._arrays: Mapping[str, np.ndarray | BytesField] = types.MappingProxyType(fields)
+        self._arrays: Mapping[str, np.ndarray | BytesField] | None = types.MappingProxyType(fields)
         self._rows = len(next(iter(fields.values())))
         self.head = types.MappingProxyType({key: value[:1] for key, value in fields.items()})
         """Row 0 of every field (its dtype and row shape), known without the fields."""
+        if deferred is not None:  # `arrays` was the head: see `deferred`
+            (self._rows, self._build), self._arrays = deferred, None
+            self._building = threading.Lock()
 
     @classmethod
     def deferred(
@@ -118,10 +128,7 @@ class ArrayDataset(Mapping[str, np.ndarray]):
         Raises:
           ValueError: (at the build) fields that disagree with ``head`` or ``rows``.
         """
-        dataset = cls(name, head)
-        dataset._arrays, dataset._rows, dataset._build = None, rows, build
-        dataset._building = threading.Lock()
-        return dataset
+        return cls(name, head, deferred=(rows, build))
 
     @property
     def arrays(self) -> Mapping[str, np.ndarray | BytesField]:
