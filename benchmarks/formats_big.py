@@ -3,6 +3,8 @@
     flock /tmp/jaxfeed-bigdisk.lock python3 benchmarks/formats_big.py   # both sizes
     python3 benchmarks/formats_big.py --rows 1000000 --window 10          # a quick look
     python3 benchmarks/formats_big.py --format arrow --rows 2000000 --tag arrow-in-place
+    python3 benchmarks/formats_big.py --format arrayrecord --rows 2000000 --orders warm \
+        --backends grain --tag arrayrecord-in-place   # then --copy --tag arrayrecord-copied
 
 ``--format arrow`` writes Arrow IPC stream files as ``datasets`` does
 (record batches of 1,000 rows, 500,000 rows a file), ``image`` a binary
@@ -13,7 +15,9 @@ one-time step's CPU seconds (``process_time``) are reported beside its wall
 time; ``--copy`` builds and reads the columnar copy instead, as before
 Arrow was read in place (the same code path: a before/after on one
 checkout), and ``warm`` among ``--orders`` reads the window once before
-timing it.
+timing it. ``--format arrayrecord`` writes the same rows as serialized
+Examples in ArrayRecord files (``group_size:1``, as Grain asks; 500,000 rows
+a file), which grain reads in place (no copy; ``--copy``: through the copy).
 
 For each size, writes one directory of Parquet files (``image``: 784 uint8 per
 row as a fixed-size list, MNIST-shaped; ``label``: int64; row groups of 65,536
@@ -103,6 +107,27 @@ def write_arrow(directory: Path, rows: int) -> float:
     return rows * (ARROW_IMAGE_BYTES + 8) / (time.perf_counter() - started) / 1e6
 
 
+def write_arrayrecord(directory: Path, rows: int) -> float:
+    """`write_arrow`'s rows as Examples in ArrayRecord files; returns MB/s of rows written."""
+    from array_record.python.array_record_module import ArrayRecordWriter
+    from jaxfeed.loaders.data.formats.example import serialize_examples
+
+    directory.mkdir(parents=True)
+    rng, started = np.random.default_rng(0), time.perf_counter()
+    for first in range(0, rows, ARROW_FILE_ROWS):
+        path = directory / f"data-{first // ARROW_FILE_ROWS:05d}.array_record"
+        writer = ArrayRecordWriter(str(path), "group_size:1")
+        for start in range(first, min(rows, first + ARROW_FILE_ROWS), ARROW_BATCH_ROWS):
+            n = min(ARROW_BATCH_ROWS, rows - start)
+            data = rng.integers(0, 256, n * ARROW_IMAGE_BYTES, np.uint8).tobytes()
+            image = [data[i * ARROW_IMAGE_BYTES : (i + 1) * ARROW_IMAGE_BYTES] for i in range(n)]
+            label = np.arange(start, start + n) % 10
+            for record in serialize_examples({"image": image, "label": label}):
+                writer.write(record)
+        writer.close()
+    return rows * (ARROW_IMAGE_BYTES + 8) / (time.perf_counter() - started) / 1e6
+
+
 def first_pixels(record: dict, rng: np.random.Generator) -> dict:
     """An Arrow row's first 784 bytes as a 28x28 image (the read's transform)."""
     image = np.frombuffer(record["image"], np.uint8, SIDE).reshape(28, 28)
@@ -126,7 +151,7 @@ def _dataset(data: Path, copy: bool):
 
 
 def _source_files(data: Path) -> list[Path]:
-    return [p for p in data.iterdir() if p.suffix in (".parquet", ".arrow")]
+    return [p for p in data.iterdir() if p.suffix in (".parquet", ".arrow", ".array_record")]
 
 
 def _peak_rss_anon() -> list[int]:
@@ -171,7 +196,7 @@ def measure_read(data: Path, backend: str, order: str, window: float, copy: bool
     from jaxfeed import loaders
 
     cache = Path(os.environ["JAXFEED_CACHE_DIR"])
-    arrow = any(p.suffix == ".arrow" for p in _source_files(data))
+    arrow = any(p.suffix in (".arrow", ".array_record") for p in _source_files(data))
     if order != "warm":
         evict([f for f in cache.rglob("*") if f.is_file()] + _source_files(data))
     shuffle = "blocks" if order in ("blocks", "warm") else True
@@ -223,9 +248,9 @@ def main() -> None:
     parser.add_argument("--limit-seconds", type=float, default=5.0)
     parser.add_argument("--keep", action="store_true", help="keep the data after measuring")
     parser.add_argument("--tag", default="cpu")
-    parser.add_argument("--format", default="parquet", choices=("parquet", "arrow"))
+    parser.add_argument("--format", default="parquet", choices=("parquet", "arrow", "arrayrecord"))
     parser.add_argument("--orders", help="blocks, full, warm (default: blocks, full if it fits)")
-    parser.add_argument("--copy", action="store_true", help="read Arrow through the copy")
+    parser.add_argument("--copy", action="store_true", help="read Arrow/ArrayRecord via the copy")
     parser.add_argument("--measure", help=argparse.SUPPRESS)
     parser.add_argument("--data", help=argparse.SUPPRESS)
     parser.add_argument("--backend", help=argparse.SUPPRESS)
@@ -249,7 +274,8 @@ def main() -> None:
         work = Path(tempfile.mkdtemp(prefix=f"rows-{rows}-", dir=root))
         data, cache = work / args.format, work / "cache"
         try:
-            written = (write_arrow if args.format == "arrow" else write_parquet)(data, rows)
+            writers = {"arrow": write_arrow, "arrayrecord": write_arrayrecord}
+            written = writers.get(args.format, write_parquet)(data, rows)
             copy = _fresh(["--measure", "copy", "--data", str(data)], cache, args.copy)
             images = max(
                 (f for f in [*cache.rglob("*"), *_source_files(data)] if f.is_file()),

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import json
+import threading
 import types
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -77,7 +78,16 @@ class ArrayDataset(Mapping[str, np.ndarray]):
     """For a dataset read from ArrayRecord files: ``(the files in order,
     whether they hold Examples)``, which the grain backend reads in place."""
 
-    def __init__(self, name: str, arrays: Mapping[str, np.ndarray], transform: Any = None):
+    _build: Callable[[], Mapping[str, Any]] | None = None  # of a `deferred` dataset
+
+    def __init__(
+        self,
+        name: str,
+        arrays: Mapping[str, np.ndarray],
+        transform: Any = None,
+        *,
+        deferred: tuple[int, Callable[[], Mapping[str, Any]]] | None = None,
+    ):
         if not isinstance(arrays, Mapping):
             raise TypeError(
                 f"dataset {name!r}: arrays must be a dict of field name -> array, "
@@ -98,17 +108,60 @@ class ArrayDataset(Mapping[str, np.ndarray]):
             raise ValueError(f"dataset {name!r} has no rows")
         self.name = name
         self.transform = transform
-        self.arrays: Mapping[str, np.ndarray | BytesField] = types.MappingProxyType(fields)
+        self._arrays: Mapping[str, np.ndarray | BytesField] | None = types.MappingProxyType(fields)
+        self._rows = len(next(iter(fields.values())))
+        self.head = types.MappingProxyType({key: value[:1] for key, value in fields.items()})
+        """Row 0 of every field (its dtype and row shape), known without the fields."""
+        if deferred is not None:  # `arrays` was the head: see `deferred`
+            (self._rows, self._build), self._arrays = deferred, None
+            self._building = threading.Lock()
+
+    @classmethod
+    def deferred(
+        cls, name: str, head: Mapping[str, Any], rows: int, build: Callable[[], Mapping[str, Any]]
+    ) -> ArrayDataset:
+        """A dataset whose fields are built by ``build()`` on first use of
+        `arrays`: a backend that reads the user's files itself (grain over
+        ArrayRecord) needs only ``head`` (row 0 of each field, as
+        `ArrayDataset` would hold it) and ``rows``, and never builds them.
+
+        Raises:
+          ValueError: (at the build) fields that disagree with ``head`` or ``rows``.
+        """
+        return cls(name, head, deferred=(rows, build))
+
+    @property
+    def arrays(self) -> Mapping[str, np.ndarray | BytesField]:
+        """Field name -> its rows (built now, the first time, for a `deferred` dataset)."""
+        if self._arrays is None:
+            with self._building:
+                if self._arrays is None:
+                    self._arrays = self._built()
+        return self._arrays
+
+    def _built(self) -> Mapping[str, np.ndarray | BytesField]:
+        built = ArrayDataset(self.name, self._build())
+        same = list(built.head) == list(self.head) and len(built) == self._rows
+        if not same or any(
+            built.head[key].dtype != want.dtype or built.head[key].shape != want.shape
+            for key, want in self.head.items()
+        ):
+            raise ValueError(
+                f"dataset {self.name!r}: its files now hold {built!r}, not the "
+                f"{self._rows} rows of {self!r} they held when it was made: a file changed; "
+                "make the source again"
+            )
+        return built.arrays
 
     def __getitem__(self, key: str) -> np.ndarray | BytesField:
         return self.arrays[key]
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self.arrays)
+        return iter(self.head)
 
     def __len__(self) -> int:
         """Rows (examples), not fields: ``len(ds)`` is what a sampler covers."""
-        return len(next(iter(self.arrays.values())))
+        return self._rows
 
     def __eq__(self, other: object) -> bool:
         return self is other
@@ -116,7 +169,7 @@ class ArrayDataset(Mapping[str, np.ndarray]):
     __hash__ = object.__hash__
 
     def __repr__(self) -> str:
-        fields = ", ".join(f"{k}: {v.dtype} {list(v.shape[1:])}" for k, v in self.arrays.items())
+        fields = ", ".join(f"{k}: {v.dtype} {list(v.shape[1:])}" for k, v in self.head.items())
         return f"ArrayDataset({self.name!r}, {len(self)} rows, {{{fields}}})"
 
     def content(self) -> tuple[np.ndarray, ...]:
@@ -130,7 +183,7 @@ class ArrayDataset(Mapping[str, np.ndarray]):
 
     def bytes_fields(self) -> list[str]:
         """The fields of encoded bytes, which only a transform can feed a device."""
-        return [key for key, array in self.arrays.items() if isinstance(array, BytesField)]
+        return [key for key, array in self.head.items() if isinstance(array, BytesField)]
 
 
 def _field(dataset: str, key: object, value: object) -> np.ndarray | BytesField:

@@ -68,7 +68,7 @@ class RecordTransform:
             raise TypeError(f"transform must be a function fn(record, rng), got {fn!r}")
         self.fn, self.seed = fn, seed
         self.spec: dict[str, tuple[tuple[int, ...], np.dtype]] = {}
-        record = {key: array[0] for key, array in dataset.arrays.items()}
+        record = {key: array[0] for key, array in dataset.head.items()}
         before = _global_random_states()
         first = self._call(record, 0, 0, self.rng(0, 0))
         after = _global_random_states()  # torch's too, if the call imported torch

@@ -41,7 +41,7 @@ class TfdsSource:
 
     def __init__(self, source: Sequence[Mapping[str, np.ndarray]], dataset: ArrayDataset):
         self.source = source
-        self._empty = ArrayRows({key: array[:0] for key, array in dataset.arrays.items()})
+        self._empty = ArrayRows({key: array[:0] for key, array in dataset.head.items()})
 
     def __len__(self) -> int:
         return len(self.source)
@@ -60,40 +60,72 @@ class TfdsSource:
 
 class ArrayRecordRows:
     """The user's ArrayRecord files read in place through Grain's own
-    ``ArrayRecordDataSource``, a batch per ``__getitems__`` call, each
-    record parsed as the columnar copy parses it (so batches are the same)."""
+    ``ArrayRecordDataSource``, a batch per ``__getitems__`` call, parsed
+    and checked as the columnar copy parses and checks its records (so
+    batches are the same, and a bad record is named by file and index when
+    it is read). The dataset's fields are never built (`ArrayDataset.deferred`).
+
+    Args:
+      files: the split's files that hold records, in order.
+      examples: whether they hold Examples (else raw records).
+      dataset: gives each field's dtype and row shape (``head``) and each
+        file's records (``units``).
+    """
 
     def __init__(self, files: Sequence[str], examples: bool, dataset: ArrayDataset):
         self.source = grain.sources.ArrayRecordDataSource(list(files))
-        self.examples = examples
-        self._empty = ArrayRows({key: array[:0] for key, array in dataset.arrays.items()})
-        if len(self.source) != len(dataset):
+        self.files, self.examples, self.name = tuple(files), examples, dataset.name
+        self._empty = ArrayRows({key: array[:0] for key, array in dataset.head.items()})
+        self._starts = np.cumsum([0, *dataset.units])  # the first row of each file
+        if len(self.source) != len(dataset) or len(files) != len(dataset.units):
             raise ValueError(
                 f"{len(self.source)} records in {list(files)[:2]}... but {len(dataset)} rows "
                 f"in {dataset.name}: a file changed while the source was being built"
             )
+        self._schema = None
+        if examples:
+            from jaxfeed.loaders.data.formats.example import example_schema
+
+            self._schema = example_schema((self.files[0], 0, self.source[0]))
 
     def __len__(self) -> int:
         return len(self.source)
 
     def read_batch(self, indices: np.ndarray) -> dict[str, np.ndarray]:
         from jaxfeed.loaders.data.formats.arrayrecord import RAW_FIELD
-        from jaxfeed.loaders.data.formats.example import parse_example
+        from jaxfeed.loaders.data.formats.example import example_batch
 
         if len(indices) == 0:
             return self._empty.read_batch(indices)
         records = self.source.__getitems__([int(i) for i in indices])
         if not self.examples:
             return {RAW_FIELD: _stack(list(records), np.dtype(object))}
-        rows = [parse_example(r) for r in records]
+        in_file = np.searchsorted(self._starts, indices, side="right") - 1
+        where = zip(in_file.tolist(), (indices - self._starts[in_file]).tolist(), strict=True)
+        named = [(self.files[f], i, record) for (f, i), record in zip(where, records, strict=True)]
+        batch = example_batch(named, self._schema)
         out = {}
         for key, array in self._empty.arrays.items():
-            values = [row[key][1] for row in rows]  # (kind, values): one bytes, or k numbers
             if array.dtype.kind == "O":
-                out[key] = _stack([v[0] for v in values], array.dtype)
+                out[key] = _stack(batch[key], array.dtype)
             else:
-                out[key] = np.stack(values).astype(array.dtype).reshape(-1, *array.shape[1:])
+                values = _in_range(np.asarray(batch[key]), array.dtype, f"{self.name}, {key!r}")
+                out[key] = values.reshape(-1, *array.shape[1:])
         return out
+
+
+def _in_range(values: np.ndarray, dtype: np.dtype, where: str) -> np.ndarray:
+    """``values`` as ``dtype`` (int64 features as the copy holds them: 32-bit
+    without x64), refused rather than wrapped where one does not fit."""
+    if values.dtype.kind in "iu" and dtype.kind in "iu" and values.size:
+        info = np.iinfo(dtype)
+        low, high = values.min(), values.max()
+        if low < info.min or high > info.max:
+            raise ValueError(
+                f"{where} holds {low}..{high}, which does not fit the {dtype} JAX makes of "
+                f"{values.dtype} without x64; enable jax_enable_x64"
+            )
+    return values.astype(dtype, copy=False)
 
 
 def _stack(values: list, dtype: np.dtype) -> np.ndarray:
@@ -282,6 +314,10 @@ class GrainSource(SampledSource):
                 everything, self.records, num_workers, self.num_threads, transform
             )
             weakref.finalize(self, self._workers.close)  # also runs at exit
+
+    def _read_fields(self) -> Mapping[str, np.ndarray]:
+        """None of the dataset's fields where Grain reads the files (or its TFDS store)."""
+        return self.dataset.arrays if self.source == "memory" else {}
 
     def iter_epoch(self, epoch: int = 0, *, start: int = 0) -> Iterator[Batch]:
         if self._workers is None:

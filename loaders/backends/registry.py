@@ -253,7 +253,7 @@ def make(
     check_seed(seed)
     data = load_dataset(dataset, split, data_dir=data_dir, format=format)
     if shuffle == "blocks" and block_rows is None:
-        block_rows = default_block_rows(sum(a[:1].nbytes for a in data.arrays.values()))
+        block_rows = default_block_rows(sum(a.nbytes for a in data.head.values()))
     try:
         sampler = Sampler(
             num_examples=len(data),

@@ -9,7 +9,7 @@ from __future__ import annotations
 import abc
 import itertools
 import os
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 from jaxfeed.loaders.array_dataset import ArrayDataset
@@ -83,7 +83,7 @@ class SampledSource(abc.ABC):
         self._pool: RecordPool | None = None  # worker processes reading in its place
         # Each field's row shape and dtype in the batches: the transform's output, or the data.
         self._rows = (
-            {key: (a.shape[1:], a.dtype) for key, a in dataset.arrays.items()}
+            {key: (a.shape[1:], a.dtype) for key, a in dataset.head.items()}
             if transform is None
             else transform.spec
         )
@@ -117,7 +117,7 @@ class SampledSource(abc.ABC):
     def iter_epoch(self, epoch: int = 0, *, start: int = 0) -> Iterator[Batch]:
         # Checked now, not at the first batch, and the same way in both orders.
         epoch, start = self.sampler.check_position(epoch, start)
-        _check_files_whole(self.dataset)
+        _check_files_whole(self.dataset.name, self._read_fields())
         if self.order == "native":
             return self._iter_native(epoch, start)
         return self._iter_sampler(epoch, start)
@@ -176,17 +176,22 @@ class SampledSource(abc.ABC):
         neighbouring blocks evicted before their turn (36M rows cold: 1.34-1.48
         bytes read per byte used, 1.06 with page reads). A backend that reads
         its own mapped copy (hf) advises that too."""
-        random = random_order and _bigger_than_half_of_memory(self.dataset)
+        random = random_order and _bigger_than_half_of_memory(self._read_fields().values())
         for array in self._mapped_arrays():
             advise(array, random)
 
     def _read_rows(self) -> list[MappedRows]:
         """Where the rows this source reads lie, for those mapped from files."""
-        return mapped_rows(list(self.dataset.arrays.values()))
+        return mapped_rows(list(self._read_fields().values()))
+
+    def _read_fields(self) -> Mapping[str, np.ndarray | BytesField]:
+        """The dataset's fields this source reads (none where the backend reads
+        the user's files itself, so a `deferred` dataset's are never built)."""
+        return self.dataset.arrays
 
     def _mapped_arrays(self) -> Iterator[np.ndarray]:
         """The arrays this source reads that may be mapped from files."""
-        for array in self.dataset.arrays.values():
+        for array in self._read_fields().values():
             yield from array.content() if isinstance(array, BytesField) else (array,)
 
     def __len__(self) -> int:
@@ -216,7 +221,7 @@ class SampledSource(abc.ABC):
         for batch in itertools.islice(self._native_epoch(epoch), self.num_batches):
             count += 1
             yield batch
-        empty = {key: array[:0] for key, array in self.dataset.arrays.items()}
+        empty = {key: array[:0] for key, array in self.dataset.head.items()}
         for _ in range(count, self.num_batches):
             yield empty
 
@@ -243,7 +248,7 @@ class SampledSource(abc.ABC):
         return out
 
 
-def _check_files_whole(dataset: ArrayDataset) -> None:
+def _check_files_whole(dataset: str, fields: Mapping[str, np.ndarray | BytesField]) -> None:
     """Each on-disk field's file still holds all its rows: one truncated
     under a live source kills the process at the first read of a page that is
     gone (SIGBUS), with no word of which file.
@@ -251,7 +256,7 @@ def _check_files_whole(dataset: ArrayDataset) -> None:
     Raises:
       ValueError: naming the field, the file and the bytes missing.
     """
-    for name, array in dataset.arrays.items():
+    for name, array in fields.items():
         if isinstance(array, BytesField) and array.places is not None:
             for buffer in array.data:  # the user's files a field is read in place from
                 _check_file_whole(dataset, name, file_rows(buffer), len(array), len(buffer))
@@ -261,7 +266,7 @@ def _check_files_whole(dataset: ArrayDataset) -> None:
             _check_file_whole(dataset, name, rows, len(array), len(array) * rows.row_bytes)
 
 
-def _check_file_whole(dataset: ArrayDataset, name: str, rows, count: int, nbytes: int) -> None:
+def _check_file_whole(dataset: str, name: str, rows, count: int, nbytes: int) -> None:
     """`_check_files_whole` for one file, whose ``count`` rows of ``nbytes`` lie at ``rows``."""
     if rows is not None:
         need = rows.offset + nbytes
@@ -271,18 +276,18 @@ def _check_file_whole(dataset: ArrayDataset, name: str, rows, count: int, nbytes
             return  # deleted: its pages stay readable while mapped
         if size < need:
             raise ValueError(
-                f"dataset {dataset.name!r}, field {name!r}: {rows.path} holds {size} bytes, "
+                f"dataset {dataset!r}, field {name!r}: {rows.path} holds {size} bytes, "
                 f"but its {count} rows end at byte {need}: the file was cut short after "
                 "it was opened, and reading it would crash the process (SIGBUS); make the "
                 "source again once the file is complete"
             )
 
 
-def _bigger_than_half_of_memory(dataset: ArrayDataset) -> bool:
-    """Whether the dataset's bytes exceed half of this machine's memory (then
-    the page cache cannot keep it between epochs)."""
+def _bigger_than_half_of_memory(fields: Iterable[np.ndarray | BytesField]) -> bool:
+    """Whether the ``fields`` (a dataset's) exceed half of this machine's
+    memory (then the page cache cannot keep them between epochs)."""
     try:
         memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (ValueError, OSError):
         return True
-    return sum(array.nbytes for array in dataset.arrays.values()) > memory // 2
+    return sum(field.nbytes for field in fields) > memory // 2

@@ -2,8 +2,12 @@
 image folders, prepared TFDS and Hugging Face directories.
 
 Arrow IPC files are read in place: memory-mapped, with a small index in the
-cache (`jaxfeed.loaders.data.formats.arrow_in_place`); a compressed one, and
-every other format, is streamed once from its files, in sorted name order, into a
+cache (`jaxfeed.loaders.data.formats.arrow_in_place`). ArrayRecord files are
+read in place by the grain backend, through Grain's own source, with only
+their row 0 and record counts: their dataset is `ArrayDataset.deferred`, and
+the copy below is built when another backend first reads its fields. A
+compressed Arrow file, and every other format, is streamed once from its
+files, in sorted name order, into a
 columnar copy in jaxfeed's cache (`jaxfeed.loaders.data.formats.columns`),
 keyed by every file's path, size, modification and change times and inode,
 so a file changed on disk is never served stale. The copy is memory-mapped:
@@ -15,6 +19,7 @@ dataset's ``units``, which ``shuffle="blocks"`` keeps its blocks inside.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import itertools
 import os
@@ -48,6 +53,8 @@ def load_files(found: Found, split: str) -> ArrayDataset:
       ValueError: a record or column jaxfeed cannot read (named with its file
         and index).
     """
+    if (found.record_format or found.format) == "arrayrecord":
+        return _records_in_place(found, split)
     in_place = _in_place(found, split)
     fields, description = in_place or _copied(found, split)
     dataset = ArrayDataset(f"{found.name}/{split}", fields)
@@ -55,11 +62,31 @@ def load_files(found: Found, split: str) -> ArrayDataset:
     dataset.units = tuple(description.get("units", ()))
     if in_place:
         dataset.arrow_files = tuple(str(path.resolve()) for path in found.files)
-    if (found.record_format or found.format) == "arrayrecord":
-        _, _, first = next(arrayrecord.arrayrecord_records(found.files[0]))
-        files = tuple(str(p) for p in found.files)
-        dataset.record_files = (files, arrayrecord.holds_examples(first))
     return dataset
+
+
+def _records_in_place(found: Found, split: str) -> ArrayDataset:
+    """An ArrayRecord split from its row 0 and its files' record counts (no
+    pass over the records); its fields, the copy, built on first use."""
+    counts = arrayrecord.record_counts(found.files)
+    head, examples = arrayrecord.first_row(found.files)
+    build = functools.partial(_copied_fields, found, split, _entry(found, split))
+    dataset = ArrayDataset.deferred(f"{found.name}/{split}", head, sum(counts), build)
+    dataset.classes = tuple(found.classes)
+    dataset.units = tuple(count for count in counts if count)
+    files = tuple(str(path) for path, count in zip(found.files, counts, strict=True) if count)
+    dataset.record_files = (files, examples)
+    return dataset
+
+
+def _copied_fields(found: Found, split: str, entry: Path) -> dict:
+    """The copy's fields, if the files are still those ``entry`` was keyed on."""
+    if _entry(found, split) != entry:
+        raise ValueError(
+            f"{found.name}, {split} split: a file changed since the dataset was made "
+            f"({', '.join(map(str, found.files[:4]))}); make the source again"
+        )
+    return _copied(found, split)[0]
 
 
 def _copied(found: Found, split: str) -> tuple[dict, dict]:

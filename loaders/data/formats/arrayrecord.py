@@ -2,17 +2,31 @@
 
 Records are serialized ``tf.train.Example`` (the TFDS convention); a file
 whose first record is not one holds raw records, read as one bytes field,
-``record``.
+``record``. A split's row 0 and its files' record counts (`first_row`,
+`record_counts`) take no pass over the records: the grain backend reads the
+files in place with them alone.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from jaxfeed.loaders.data.formats.example import Record, parse_example
+from jaxfeed.loaders.data.formats.example import (
+    Record,
+    example_batch,
+    example_schema,
+    parse_example,
+)
 
-__all__ = ["RAW_FIELD", "arrayrecord_records", "holds_examples", "raw_batches"]
+__all__ = [
+    "RAW_FIELD",
+    "arrayrecord_records",
+    "first_row",
+    "holds_examples",
+    "raw_batches",
+    "record_counts",
+]
 
 RAW_FIELD = "record"
 _CHUNK = 1024  # records per read: bounded memory, few calls
@@ -24,15 +38,7 @@ def arrayrecord_records(path: Path) -> Iterator[Record]:
     Raises:
       ValueError: the file cannot be opened as an ArrayRecord file (named).
     """
-    from array_record.python.array_record_module import ArrayRecordReader
-
-    try:
-        reader = ArrayRecordReader(str(path))
-    except (RuntimeError, ValueError, OSError) as err:
-        raise ValueError(
-            f"{path} is not a readable ArrayRecord file ({err}); pass format= to say "
-            "what it is, or write it again"
-        ) from None
+    reader = _reader(path)
     try:
         count = reader.num_records()
         for start in range(0, count, _CHUNK):
@@ -40,6 +46,55 @@ def arrayrecord_records(path: Path) -> Iterator[Record]:
                 yield str(path), start + offset, record
     finally:
         reader.close()
+
+
+def record_counts(paths: Sequence[Path]) -> list[int]:
+    """Each file's number of records, from its footer.
+
+    Raises:
+      ValueError: a file that does not open as ArrayRecord (named).
+    """
+    counts = []
+    for path in paths:
+        reader = _reader(path)
+        try:
+            counts.append(reader.num_records())
+        finally:
+            reader.close()
+    return counts
+
+
+def first_row(paths: Sequence[Path]) -> tuple[dict, bool]:
+    """The first record of ``paths`` as the one-row batch the columnar copy
+    starts with, and whether the files hold Examples.
+
+    Raises:
+      ValueError: no records, or a first Example jaxfeed cannot read (named).
+    """
+    for path in paths:
+        reader = _reader(path)
+        try:
+            first = reader.read(0, 1) if reader.num_records() else None
+        finally:
+            reader.close()
+        if first:
+            record = (str(path), 0, first[0])
+            if not holds_examples(record[2]):
+                return {RAW_FIELD: [record[2]]}, False
+            return example_batch([record], example_schema(record)), True
+    raise ValueError(f"{', '.join(map(str, paths))} hold no records")
+
+
+def _reader(path: Path):
+    from array_record.python.array_record_module import ArrayRecordReader
+
+    try:
+        return ArrayRecordReader(str(path))
+    except (RuntimeError, ValueError, OSError) as err:
+        raise ValueError(
+            f"{path} is not a readable ArrayRecord file ({err}); pass format= to say "
+            "what it is, or write it again"
+        ) from None
 
 
 def holds_examples(first: bytes) -> bool:

@@ -17,7 +17,9 @@ import numpy as np
 __all__ = [
     "Feature",
     "Record",
+    "example_batch",
     "example_batches",
+    "example_schema",
     "parse_example",
     "serialize_example",
     "serialize_examples",
@@ -154,14 +156,24 @@ def example_batches(records: Iterable[Record], batch_rows: int = 1024) -> Iterat
     size = 0
     for record in records:
         if schema is None:
-            schema = _first_schema(record)
+            schema = example_schema(record)
         pending.append(record)
         size += len(record[2])
         if len(pending) == batch_rows or size >= _BATCH_BYTES:
-            yield _fast_batch(pending, schema) or _checked_batch(pending, schema)
+            yield example_batch(pending, schema)
             pending, size = [], 0
     if pending:
-        yield _fast_batch(pending, schema) or _checked_batch(pending, schema)
+        yield example_batch(pending, schema)
+
+
+def example_batch(records: list[Record], schema: dict[str, tuple[str, int]]) -> dict:
+    """One batch of `example_batches` from ``records``, whose features must be
+    ``schema`` (`example_schema` of the first record).
+
+    Raises:
+      ValueError: as `example_batches`, naming the record and its file.
+    """
+    return _fast_batch(records, schema) or _checked_batch(records, schema)
 
 
 def _parsed(record: Record) -> dict[str, Feature]:
@@ -175,7 +187,14 @@ def _parsed(record: Record) -> dict[str, Feature]:
         ) from None
 
 
-def _first_schema(record: Record) -> dict[str, tuple[str, int]]:
+def example_schema(record: Record) -> dict[str, tuple[str, int]]:
+    """The features of the first record, ``name -> (kind, values)``, which
+    every other record must have.
+
+    Raises:
+      ValueError: it is no Example, has no features, or one that is empty
+        or holds several bytes values (named).
+    """
     features = _parsed(record)
     schema = {name: (kind, len(values)) for name, (kind, values) in features.items()}
     where = f"{record[0]}, record {record[1]}"

@@ -78,6 +78,33 @@ def test_a_damaged_length_is_named_after_the_records_before_it(tmp_path, request
     assert [r for _, _, r in got] == RECORDS[:bad]
 
 
+@pytest.mark.parametrize("chunks", ["default", "small"])
+@pytest.mark.parametrize("kind", ["plain", "gzip"])
+def test_a_flipped_data_byte_is_named_after_the_records_before_it(tmp_path, request, chunks, kind):
+    if chunks == "small":
+        request.getfixturevalue("small_chunks")
+    data = bytearray(_framed(RECORDS))
+    bad = 26  # 4000 bytes: across small chunks
+    data[len(_framed(RECORDS[:bad])) + 12 + 1000] ^= 0x01  # one bit of its data
+    path = tmp_path / ("bad.tfrecord" + (".gz" if kind == "gzip" else ""))
+    path.write_bytes(gzip.compress(bytes(data)) if kind == "gzip" else bytes(data))
+    got = []
+    with pytest.raises(ValueError, match=rf"bad\.tfrecord(\.gz)?, record {bad}: its data fails"):
+        got.extend(tfrecord.tfrecord_records(path))
+    assert [r for _, _, r in got] == RECORDS[:bad]
+
+
+def test_make_refuses_an_example_whose_data_fails_its_checksum(tmp_path, monkeypatch):
+    monkeypatch.setenv("JAXFEED_CACHE_DIR", str(tmp_path / "cache"))
+    rows = example.serialize_examples({"image": [bytes(100 + i) for i in range(8)],
+                                       "label": np.arange(8)})  # fmt: skip
+    data = bytearray(_framed(rows))
+    data[len(_framed(rows[:5])) + 12 + len(rows[5]) - 40] ^= 0x01  # an image byte: still parses
+    (tmp_path / "train.tfrecord").write_bytes(bytes(data))
+    with pytest.raises(ValueError, match=r"train\.tfrecord, record 5: its data fails its checksum"):
+        loaders.load_dataset(tmp_path / "train.tfrecord")
+
+
 def test_a_cut_file_or_gzip_stream_names_the_record(tmp_path, small_chunks):
     data = _framed(RECORDS)
     (tmp_path / "cut.tfrecord").write_bytes(data[:-6])  # inside the last record's data
@@ -119,7 +146,7 @@ def test_examples_read_a_batch_at_a_time_match_record_by_record_and_name_a_bad_o
     columns = _rows(40)
     columns["empty"][:] = [b"x"] * 40
     records = [("f.tfrecord", i, r) for i, r in enumerate(example.serialize_examples(columns))]
-    schema = example._first_schema(records[0])
+    schema = example.example_schema(records[0])
     fast, checked = example._fast_batch(records, schema), example._checked_batch(records, schema)
     assert fast is not None and fast.keys() == checked.keys()
     for name in fast:
