@@ -5,10 +5,14 @@ Each batch is ONE vectorised numpy gather: the Dataset defines
 batch when it exists) and the loader's ``collate_fn`` passes the result
 through untouched: no per-sample reads, no per-sample collation, and the
 batches stay numpy arrays (no round trip through torch tensors). A worker
-hands each batch back as a file in shared memory
-(`jaxfeed.loaders.workers.shared_batches`), not pickled through torch's
-pipe: read from a file set in the page cache, 2 workers spent 3.6 CPU
-seconds per GB pickling, sending and receiving (numpy in-process: 0.5).
+hands each batch back in shared memory, not pickled through torch's pipe:
+it gathers the rows straight into a slot of the epoch's ring
+(`jaxfeed.loaders.workers.batch_ring`) that came with its index batch, and
+this process copies them out and frees the slot; a batch goes as a file
+(`jaxfeed.loaders.workers.shared_batches`) only when the ring is full.
+Pickling through the pipe, and then a file per batch (its pages allocated
+and freed every batch), each cost more CPU per GB than the gather itself
+(benchmarks/README.md, bigger_than_memory.py).
 
 Workers (``num_workers > 0``) are started with ``multiprocessing_context=
 "spawn"``: forking a process that already runs JAX/XLA threads can deadlock.
