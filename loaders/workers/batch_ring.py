@@ -110,10 +110,9 @@ def _nbytes(dtype: str, shape: tuple[int, ...]) -> int:
     return int(np.prod(shape)) * np.dtype(dtype).itemsize
 
 
-# In a worker: the rings it has written to, newest last (an epoch's ring is
-# dropped two epochs later; its file is gone by then).
+# In a worker: the ring of the epoch it serves, mapped. The last epoch's is
+# let go at once: its pages (unlinked) count against /dev/shm while mapped.
 _MAPPED: dict[str, np.ndarray] = {}
-_KEEP = 2
 
 
 def _slot_memory(slot: Slot) -> np.ndarray | None:
@@ -125,8 +124,7 @@ def _slot_memory(slot: Slot) -> np.ndarray | None:
                 data = np.frombuffer(mmap.mmap(file.fileno(), 0), np.uint8)
         except (FileNotFoundError, ValueError):  # its epoch ended, or cut short
             return None
-        while len(_MAPPED) >= _KEEP:
-            _MAPPED.pop(next(iter(_MAPPED)))
+        _MAPPED.clear()
         _MAPPED[slot.path] = data
     start = slot.index * slot.nbytes
     return data[start : start + slot.nbytes]
