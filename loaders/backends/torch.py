@@ -177,8 +177,10 @@ class TorchSource(SampledSource):
             weakref.finalize(self, shared_batches.remove_directory, handoff)
         self.torch_dataset = ArrayTorchDataset(dataset.arrays, transform, handoff)
         self.num_workers = num_workers
-        # Batches outstanding at most: torch's tasks in flight, the reader
-        # thread's and the consumer's (`torch_epochs.iterate`).
+        # Slots taken at most: torch keeps prefetch_factor index batches per
+        # worker out until it returns one in order, then sends one more; the
+        # reader thread (`torch_epochs.iterate`) holds one and queues one.
+        # A slot to spare: a fuller ring hands files, never waits.
         self._ring_slots = num_workers * (prefetch_factor or 2) + 3
         options: dict[str, Any] = {"num_workers": num_workers, "collate_fn": keep_batch}
         if num_workers > 0:
