@@ -5,10 +5,14 @@ Each batch is ONE vectorised numpy gather: the Dataset defines
 batch when it exists) and the loader's ``collate_fn`` passes the result
 through untouched: no per-sample reads, no per-sample collation, and the
 batches stay numpy arrays (no round trip through torch tensors). A worker
-hands each batch back as a file in shared memory
-(`jaxfeed.loaders.workers.shared_batches`), not pickled through torch's
-pipe: read from a file set in the page cache, 2 workers spent 3.6 CPU
-seconds per GB pickling, sending and receiving (numpy in-process: 0.5).
+hands each batch back in shared memory, not pickled through torch's pipe:
+it gathers the rows straight into a slot of the epoch's ring
+(`jaxfeed.loaders.workers.batch_ring`) that came with its index batch, and
+this process copies them out and frees the slot; a batch goes as a file
+(`jaxfeed.loaders.workers.shared_batches`) only when the ring is full.
+Pickling through the pipe, and then a file per batch (its pages allocated
+and freed every batch), each cost more CPU per GB than the gather itself
+(benchmarks/README.md, bigger_than_memory.py).
 
 Workers (``num_workers > 0``) are started with ``multiprocessing_context=
 "spawn"``: forking a process that already runs JAX/XLA threads can deadlock.
@@ -23,7 +27,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 from jaxfeed.loaders.array_dataset import ArrayDataset
@@ -31,7 +35,7 @@ from jaxfeed.loaders.backends.sampled_source import SampledSource
 from jaxfeed.loaders.rows import ArrayRows
 from jaxfeed.loaders.sampler import Sampler
 from jaxfeed.loaders.transform import RecordTransform
-from jaxfeed.loaders.workers import shared_batches
+from jaxfeed.loaders.workers import batch_ring, shared_batches
 from jaxfeed.loaders.workers.main_script import from_main
 from jaxfeed.loaders.workers.spawn import SPAWN, SPAWN_WITHOUT_MAIN
 from jaxfeed.loaders.workers.torch_epochs import EpochLoaders, keep_batch
@@ -62,17 +66,57 @@ class ArrayTorchDataset(ArrayRows, torch_data.Dataset):
 
     def __getitems__(
         self, indices: Sequence[int] | np.ndarray | tuple
-    ) -> dict[str, np.ndarray] | shared_batches.Handed:
+    ) -> dict[str, np.ndarray] | shared_batches.Handed | batch_ring.Ringed:
         """The whole batch in one gather (torch's fetcher prefers this to
-        ``__getitem__``), transformed when ``indices`` is ``(epoch, indices)``."""
-        epoch = None
-        if isinstance(indices, tuple):
+        ``__getitem__``), transformed when ``indices`` is ``(epoch, indices)``
+        or a `_Task` with an epoch; put in the task's ring slot if it has one."""
+        slot = epoch = None
+        if isinstance(indices, _Task):
+            slot, epoch, indices = indices
+        elif isinstance(indices, tuple):
             epoch, indices = indices
         indices = np.asarray(indices, dtype=np.int64)
+        if slot is not None and epoch is None and self._plain:
+            ringed = batch_ring.gather_into(slot, self.arrays, indices)
+            if ringed is not None:
+                return ringed
         batch = self.read_batch(indices)
         if epoch is not None:
             batch = self.transform.batch(batch, indices, epoch)
+        if slot is not None:
+            ringed = batch_ring.write(slot, batch)
+            if ringed is not None:
+                return ringed
         return batch if self.handoff is None else shared_batches.write(batch, self.handoff)
+
+    @property
+    def _plain(self) -> bool:
+        """Every field an array (not encoded bytes): rows gather straight into a slot."""
+        return all(type(a) in (np.ndarray, np.memmap) for a in self.arrays.values())
+
+
+class _Task(NamedTuple):
+    """An index batch as a worker gets it: the ring slot to put the batch in
+    (None: hand a file), the epoch for the transform (None: no transform)."""
+
+    slot: batch_ring.Slot | None
+    epoch: int | None
+    indices: Any
+
+
+class _Tasks:
+    """An epoch's index batches as tasks (`_Task`), each leasing the next free slot
+    of ``ring`` as torch's loader asks for it (a ``batch_sampler``)."""
+
+    def __init__(self, batches: Sequence[Any], epoch: int | None, ring: batch_ring.BatchRing):
+        self.batches, self.epoch, self.ring = batches, epoch, ring
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def __iter__(self) -> Iterator[_Task]:
+        for indices in self.batches:
+            yield _Task(self.ring.lease() if self.ring else None, self.epoch, indices)
 
 
 class TorchSource(SampledSource):
@@ -133,6 +177,11 @@ class TorchSource(SampledSource):
             weakref.finalize(self, shared_batches.remove_directory, handoff)
         self.torch_dataset = ArrayTorchDataset(dataset.arrays, transform, handoff)
         self.num_workers = num_workers
+        # Slots taken at most: torch keeps prefetch_factor index batches per
+        # worker out until it returns one in order, then sends one more; the
+        # reader thread (`torch_epochs.iterate`) holds one and queues one.
+        # A slot to spare: a fuller ring hands files, never waits.
+        self._ring_slots = num_workers * (prefetch_factor or 2) + 3
         options: dict[str, Any] = {"num_workers": num_workers, "collate_fn": keep_batch}
         if num_workers > 0:
             options.update(
@@ -150,9 +199,40 @@ class TorchSource(SampledSource):
     def _fetch(
         self, index_batches: Sequence[np.ndarray], epoch: int
     ) -> Iterator[Mapping[str, np.ndarray]]:
-        if self.transform is not None:  # the workers' transform needs the epoch
+        # The workers' transform needs the epoch.
+        epoch_or_none = None if self.transform is None else epoch
+        if self.torch_dataset.handoff is not None:
+            return self._handed(index_batches, epoch_or_none)
+        if epoch_or_none is not None:
             index_batches = [(epoch, indices) for indices in index_batches]
-        return _collected(self._read(index_batches))
+        return iter(self._read(index_batches))
+
+    def _handed(self, batches: Sequence[Any], epoch: int | None) -> Iterator[dict]:
+        """The batches of ``batches`` read by the workers, handed back through
+        an epoch's `batch_ring.BatchRing` (as files when it is full or
+        there is no room for one)."""
+        batch_bytes = sum(
+            int(np.prod(shape)) * np.dtype(dtype).itemsize for shape, dtype in self._rows.values()
+        )
+        try:
+            ring = batch_ring.BatchRing(
+                self.torch_dataset.handoff, self.batch_size * batch_bytes, self._ring_slots
+            )
+        except OSError:  # no room in shared memory: a file per batch
+            ring = None
+        read = self._read(_Tasks(batches, epoch, ring))
+        try:
+            for batch in read:
+                if isinstance(batch, batch_ring.Ringed):
+                    yield ring.collect(batch)
+                elif isinstance(batch, shared_batches.Handed):
+                    yield shared_batches.collect(*batch)
+                else:
+                    yield batch
+        finally:
+            read.close()
+            if ring is not None:
+                ring.close()
 
     def _native_epoch(self, epoch: int) -> Iterator[Mapping[str, np.ndarray]]:
         s = self.sampler
@@ -170,13 +250,9 @@ class TorchSource(SampledSource):
         # so every process gets ceil(ceil(N/P)/B) == ceil(N/(P*B)) batches (floor
         # likewise): the sampler's count, as multi-process training needs.
         assert len(batches) == s.num_batches, (len(batches), s.num_batches)
-        return _collected(self._read(batches))
-
-
-def _collected(batches: Iterator[Any]) -> Iterator[Mapping[str, np.ndarray]]:
-    """The batches, those a worker handed back as files read in (and deleted)."""
-    handed = shared_batches.Handed
-    return (shared_batches.collect(*b) if isinstance(b, handed) else b for b in batches)
+        if self.torch_dataset.handoff is not None:
+            return self._handed(batches, None)
+        return iter(self._read(batches))
 
 
 def _check_option(name: str, value: Any, kind: type, minimum: int | None = None) -> None:

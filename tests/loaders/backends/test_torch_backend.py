@@ -152,3 +152,52 @@ def test_workers_hand_back_files_in_both_orders(deadlock_guard):
         _assert_identical(_epochs(source, 1), _epochs(want, 1))
     left = [name for name in os.listdir(source.torch_dataset.handoff) if name != ".owner.lock"]
     assert not left, "a batch file was left behind"
+
+
+def test_rows_gather_straight_into_a_ring_slot_and_come_back_identical(tmp_path):
+    from jaxfeed.loaders.workers import batch_ring
+
+    arrays = {"x": np.arange(60, dtype=np.uint8).reshape(20, 3), "y": np.arange(20.0)}
+    dataset = torch_backend.ArrayTorchDataset(arrays, handoff=str(tmp_path))
+    ring = batch_ring.BatchRing(str(tmp_path), 3 * (3 + 8), slots=2)
+    tasks = iter(torch_backend._Tasks([[4, 0, 19], [1, 2], [3]], None, ring))
+    handed = [dataset.__getitems__(next(tasks)), dataset.__getitems__(next(tasks))]
+    assert all(isinstance(h, batch_ring.Ringed) for h in handed)
+    # Both slots taken: the third batch goes as a file, as it did before the ring.
+    third = dataset.__getitems__(next(tasks))
+    assert isinstance(third, shared_batches.Handed)
+    for got, rows in zip([ring.collect(h) for h in handed], [[4, 0, 19], [1, 2]], strict=True):
+        for key, array in arrays.items():
+            assert got[key].dtype == array.dtype
+            np.testing.assert_array_equal(got[key], array[rows])
+    assert ring.lease() is not None, "a collected batch frees its slot"
+    shared_batches.collect(*third)
+    ring.close()
+    assert not list(tmp_path.iterdir()), "the ring's file goes with close"
+    # A ring gone (its epoch abandoned) before a worker got to it: a file again.
+    slot = batch_ring.Slot(str(tmp_path / "gone"), 0, 4096)
+    late = dataset.__getitems__(torch_backend._Task(slot, None, [5]))
+    assert isinstance(late, shared_batches.Handed)
+
+
+def test_workers_hand_batches_back_through_the_ring_and_leave_nothing(monkeypatch, deadlock_guard):
+    from jaxfeed.loaders.workers import batch_ring
+
+    collected = []
+    collect = batch_ring.BatchRing.collect
+    monkeypatch.setattr(
+        batch_ring.BatchRing, "collect", lambda ring, h: collected.append(h) or collect(ring, h)
+    )
+    options = {"dataset": "mnist-sample", "batch_size": BATCH, "seed": 7, "shuffle": "blocks"}
+    source = loaders.make("torch", num_workers=2, **options)
+    want = loaders.make("numpy", **options)
+    _assert_identical(_epochs(source), _epochs(want))
+    assert len(collected) == 2 * source.num_batches, "every batch came through the ring"
+    # Resumed mid-epoch, and an epoch abandoned after two batches.
+    _assert_identical([list(source.iter_epoch(1, start=3))], [list(want.iter_epoch(1, start=3))])
+    abandoned = source.iter_epoch(2)
+    next(abandoned), next(abandoned)
+    abandoned.close()
+    left = [name for name in os.listdir(source.torch_dataset.handoff) if name != ".owner.lock"]
+    assert not left, "a ring or batch file was left behind"
+    source.close()
