@@ -1,8 +1,11 @@
 """Batches handed from worker processes to the reader as files in shared
-memory (``/dev/shm``): the worker stacks its records straight into the
-mapped file (`allocate`) or writes finished arrays (`write`); the reader maps
-the file, copy-on-write, and deletes it (`collect`). No copy on either side
-beyond the stacking itself.
+memory (``/dev/shm``). The record pool's workers stack their records straight
+into a mapped file, and its reader copies the batch out of its own mapping
+of the file and hands the file back for a next batch (`Recycler`,
+`reuse_or_allocate`): a few files go back and forth, each mapped once per
+process, since a new file costs the kernel a zeroed page and a fault per 4
+KiB on both sides, more than the copy a fresh mapping saves. Torch's workers
+write a new file per batch (`write`), which the reader copies (`collect`).
 
 An augmented batch is megabytes (128 x 56 x 56 x 3 float32 is 4.8 MB), and
 pickled through a pipe it cost the reader more than the batch's own
