@@ -140,18 +140,33 @@ class Recycler:
     saves: the kernel zeroes and maps each new page, on both sides."""
 
     def __init__(self) -> None:
+        self._forget()
+
+    def _forget(self) -> None:
+        self._pid = os.getpid()
         self._mapped: dict[str, mmap.mmap] = {}
         self._free: collections.deque[str] = collections.deque()
 
+    def _own(self) -> None:
+        """In a forked child: the parent's files are the parent's to offer and delete."""
+        if self._pid != os.getpid():
+            self._forget()
+
     def offer(self) -> str | None:
         """A file done with, for the next batch to be written into (or None)."""
+        self._own()
         return self._free.popleft() if self._free else None
 
     def collect(self, handed: Handed, offered: str | None) -> dict[str, np.ndarray]:
         """The batch in ``handed`` (one copy), its file kept for another;
         ``offered``: the file its task was offered, dropped if not used."""
+        self._own()
         if offered is not None and offered != handed.path:
             self.drop(offered)
+        nbytes = _nbytes(handed.layout)
+        if not nbytes:  # nothing to map
+            self.drop(handed.path)
+            return _views(bytearray(0), handed.layout)
         data = self._mapped.get(handed.path)
         if data is None:
             handle = os.open(handed.path, os.O_RDONLY)
@@ -162,7 +177,6 @@ class Recycler:
                 )
             finally:
                 os.close(handle)
-        nbytes = _nbytes(handed.layout)
         copy = np.empty(nbytes, np.uint8)
         copy[:] = np.frombuffer(data, np.uint8, nbytes)
         self._free.append(handed.path)
@@ -176,6 +190,7 @@ class Recycler:
 
     def close(self) -> None:
         """Deletes every file this reader keeps."""
+        self._own()
         for path in [*self._mapped, *self._free]:
             self.drop(path)
         self._free.clear()
