@@ -1,4 +1,5 @@
-"""The standard library's door: the processes of a process pool.
+"""The standard library's door: the processes of a process pool, and the
+exit hooks a process runs before it leaves.
 
 Checked against Python 3.11.
 """
@@ -30,3 +31,12 @@ def name_shared_memory(prefix: str) -> None:
     from multiprocessing import shared_memory
 
     shared_memory._make_filename = lambda: f"/{prefix}{secrets.token_hex(8)}"
+
+
+def run_exit_hooks() -> None:
+    """Runs this process's ``atexit`` hooks now (for a process that then
+    leaves with ``os._exit``, as a forked child does): the private
+    ``atexit._run_exitfuncs``, which also clears them."""
+    import atexit
+
+    atexit._run_exitfuncs()

@@ -30,7 +30,6 @@ spawned workers cost.
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import ctypes
 import multiprocessing
@@ -43,6 +42,8 @@ from collections.abc import Generator, Iterable, Iterator
 from multiprocessing import spawn, util
 from multiprocessing.context import SpawnContext, SpawnProcess
 from typing import Any, TypeVar
+
+from jaxfeed.loaders.frameworks.multiprocessing import run_exit_hooks
 
 T = TypeVar("T")
 
@@ -187,7 +188,7 @@ class _StopSignalsIgnoringProcess(SpawnProcess):
         # still at work (a queue's feeder pickling a torch tensor) by unwinding
         # it out of C++ code that must not throw: SIGABRT, "terminate called
         # without an active exception", and a worker its parent reports killed.
-        atexit._run_exitfuncs()
+        run_exit_hooks()
         for stream in (sys.stdout, sys.stderr):
             with contextlib.suppress(Exception):
                 stream.flush()

@@ -12,6 +12,8 @@ import mmap
 import multiprocessing
 import os
 import platform
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -386,6 +388,21 @@ def test_process_pool_processes():
             "python",
             f"a pool's _processes are {workers!r}, not its worker",
         )
+
+
+def test_exit_hooks_run_now():
+    # In a process of its own: this one's hooks (pytest's, pools') must not run.
+    script = (
+        "import atexit, os\n"
+        "from jaxfeed.loaders.frameworks.multiprocessing import run_exit_hooks\n"
+        "atexit.register(print, 'hook', flush=True)\n"
+        "run_exit_hooks()\n"
+        "os._exit(0)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
+    expect(done.stdout == "hook\n", "multiprocessing", "python",
+           f"the atexit hooks printed {done.stdout!r} ({done.stderr[-500:]})")  # fmt: skip
 
 
 def test_shared_memory_names(monkeypatch):
