@@ -17,6 +17,7 @@ draw seeding one reused ``torch.Generator`` per thread), passed as
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import random
@@ -89,11 +90,17 @@ class RecordTransform:
         return np.random.default_rng((self.seed, epoch, row))
 
     def batch(
-        self, rows: Mapping[str, Sequence[Any]], indices: Sequence[int], epoch: int
+        self,
+        rows: Mapping[str, Sequence[Any]],
+        indices: Sequence[int],
+        epoch: int,
+        out: Mapping[str, np.ndarray] | None = None,
     ) -> dict[str, np.ndarray]:
         """``fn`` on each of ``rows`` (the gathered values of rows ``indices``),
         stacked into one batch of the spec's shapes and dtypes; each record
-        checked against the spec (same fields, shapes, numbers).
+        checked against the spec (same fields, shapes, numbers). ``out``: an
+        array per field, of the batch's shape and dtype, to stack into (a
+        worker's batch file) and return, instead of new ones.
 
         The loop that calls ``fn`` is all a plain loop would do besides: a
         record that is a dict of as many fields as row 0's passes on. Field
@@ -129,9 +136,17 @@ class RecordTransform:
             if not records:
                 batch[key] = _fit(np.empty((0,), dtype), dtype, key)
                 continue
+            target = None if out is None else out[key]
             # A field missing (KeyError), or values that do not stack: checked row by row.
             try:
-                stacked = np.stack([record[key] for record in records])
+                values = [record[key] for record in records]
+                if target is not None:
+                    # Only values of the spec's exact dtype and shape (casting="no");
+                    # any other goes the checked way below.
+                    with contextlib.suppress(ValueError, TypeError):
+                        batch[key] = np.stack(values, out=target, casting="no")
+                        continue
+                stacked = np.stack(values)
             except (KeyError, ValueError, TypeError):
                 stacked = None
             if (
@@ -143,6 +158,9 @@ class RecordTransform:
                 # Nothing at fault after all: its own error, if any.
                 stacked = np.stack([record[key] for record in records])
             batch[key] = _fit(stacked, dtype, key)
+            if target is not None:
+                target[...] = batch[key]
+                batch[key] = target
         return batch
 
     def _check(self, records: Sequence[Any], indices: np.ndarray, epoch: int) -> None:

@@ -15,8 +15,6 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import concurrent.futures.process
-import contextlib
-import os
 import signal
 import time
 import weakref
@@ -60,6 +58,7 @@ class RecordPool:
         self.num_workers = num_workers
         self._member: shared_pool.Member | None = None
         self._stop: weakref.finalize | None = None
+        self._files = shared_batches.Recycler()  # batch files kept for the next batches
 
     def batches(self, index_batches: Sequence[np.ndarray], epoch: int) -> Iterator[dict]:
         if self._member is not None and self._member.dead():
@@ -67,24 +66,35 @@ class RecordPool:
         if self._member is None:
             self._member = shared_pool.join(self._work, self.num_workers, from_main(*self._work))
             # Also at garbage collection and exit: the last member stops the workers.
-            self._stop = weakref.finalize(self, self._member.close)
-        pending: collections.deque = collections.deque()
+            self._stop = weakref.finalize(self, _leave, self._member, self._files)
+        pending: collections.deque = collections.deque()  # (future, the file it was offered)
         try:
             for indices in index_batches:
+                offered = self._files.offer()
                 try:
-                    pending.append(self._member.submit(indices, epoch))
+                    pending.append((self._member.submit(indices, epoch, offered), offered))
                 except concurrent.futures.process.BrokenProcessPool:
                     self._raise_if_dead(settle=True)  # a worker died since: name it
                     raise
                 if len(pending) >= 2 * self.num_workers:
-                    yield shared_batches.collect(*self._result(pending.popleft()))
+                    yield self._collect(*pending.popleft())
             while pending:
-                yield shared_batches.collect(*self._result(pending.popleft()))
+                yield self._collect(*pending.popleft())
         finally:
-            for future in pending:  # closed early: drop what no one will read
+            for future, offered in pending:  # closed early: drop what no one will read
                 if not future.cancel() and not future.exception():
-                    with contextlib.suppress(FileNotFoundError):  # the pool stopped
-                        os.unlink(future.result()[0])
+                    self._files.drop(future.result().path)
+                if offered is not None:
+                    self._files.drop(offered)
+
+    def _collect(self, future: concurrent.futures.Future, offered: str | None) -> dict:
+        try:
+            handed = self._result(future)
+        except BaseException:
+            if offered is not None:
+                self._files.drop(offered)  # the worker deleted it, or will not use it
+            raise
+        return self._files.collect(handed, offered)
 
     @property
     def _pool(self) -> concurrent.futures.ProcessPoolExecutor | None:
@@ -131,3 +141,9 @@ class RecordPool:
         self._member = None
         if self._stop is not None:
             self._stop()
+
+
+def _leave(member: shared_pool.Member, files: shared_batches.Recycler) -> None:
+    """Deletes the batch files kept for reuse, then leaves the shared pool."""
+    files.close()
+    member.close()

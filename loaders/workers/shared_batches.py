@@ -1,6 +1,11 @@
 """Batches handed from worker processes to the reader as files in shared
-memory (``/dev/shm``): the worker writes the arrays once, the reader copies
-them once and deletes the file.
+memory (``/dev/shm``). The record pool's workers stack their records straight
+into a mapped file, and its reader copies the batch out of its own mapping
+of the file and hands the file back for a next batch (`Recycler`,
+`reuse_or_allocate`): a few files go back and forth, each mapped once per
+process, since a new file costs the kernel a zeroed page and a fault per 4
+KiB on both sides, more than the copy a fresh mapping saves. Torch's workers
+write a new file per batch (`write`), which the reader copies (`collect`).
 
 An augmented batch is megabytes (128 x 56 x 56 x 3 float32 is 4.8 MB), and
 pickled through a pipe it cost the reader more than the batch's own
@@ -14,14 +19,16 @@ that was killed outright (SIGKILL, out of memory) left in ``/dev/shm``.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import errno
+import mmap
 import os
 import shutil
 import tempfile
 import uuid
 from collections.abc import Mapping
-from typing import NamedTuple
+from typing import NamedTuple, NoReturn
 
 import numpy as np
 from jaxfeed.loaders.workers.owner_lock import owned_directory
@@ -29,10 +36,14 @@ from jaxfeed.loaders.workers.owner_lock import owned_directory
 __all__ = [
     "Handed",
     "Layout",
+    "Recycler",
+    "allocate",
     "collect",
+    "forget",
     "make_directory",
     "remove_all",
     "remove_directory",
+    "reuse_or_allocate",
     "write",
 ]
 
@@ -85,32 +96,178 @@ def write(batch: Mapping[str, np.ndarray], directory: str) -> Handed:
             for array in batch.values():
                 file.write(np.ascontiguousarray(array).data)
     except OSError as error:
-        if error.errno != errno.ENOSPC:
-            raise
-        with contextlib.suppress(OSError):
-            os.unlink(path)
         nbytes = sum(np.asarray(array).nbytes for array in batch.values())
-        total = shutil.disk_usage(directory).total
-        raise OSError(
-            errno.ENOSPC,
-            f"no space left in {os.path.dirname(directory)} ({total / 2**20:.0f} MiB in all) "
-            f"for a batch of {nbytes / 2**20:.1f} MiB from a worker: workers hand batches "
-            "back through it. Give it more room (docker run --shm-size=2g, or a larger "
-            "tmpfs), or use fewer workers or smaller batches",
-        ) from error
+        _unwritten(error, path, directory, nbytes)
     return Handed(path, [(key, array.dtype.str, array.shape) for key, array in batch.items()])
+
+
+def allocate(directory: str, layout: Layout) -> tuple[Handed, dict[str, np.ndarray]]:
+    """In a worker: a new file in ``directory`` of ``layout``'s size, mapped;
+    what to hand back, and the arrays (one per field) to fill in place. The caller
+    deletes the file if it fails to fill them.
+
+    Raises:
+      OSError: ENOSPC, as `write` does. The file's pages are reserved here,
+        so a full file system is this error, never a SIGBUS at a store.
+    """
+    path = os.path.join(directory, uuid.uuid4().hex)
+    nbytes = _nbytes(layout)
+    handle = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        if not nbytes:
+            return Handed(path, layout), _views(bytearray(0), layout)
+        os.posix_fallocate(handle, 0, nbytes)
+        data = _WRITING[path] = mmap.mmap(handle, nbytes, flags=mmap.MAP_SHARED | _POPULATE)
+    except OSError as error:
+        _unwritten(error, path, directory, nbytes)
+    finally:
+        os.close(handle)
+    return Handed(path, layout), _views(data, layout)
 
 
 def collect(path: str, layout: Layout) -> dict[str, np.ndarray]:
     """The batch written to ``path`` (one copy, views of it per field); the file deleted."""
     data = np.fromfile(path, np.uint8)
     os.unlink(path)
+    return _views(data, layout)
+
+
+class Recycler:
+    """A reader's side of batch files that go back and forth: each batch is
+    copied out of the file's mapping (made once per file), and the file is
+    offered (`offer`) to the worker that writes a next batch, which maps it
+    once too (`reuse_or_allocate`). A fresh file costs more than the copy it
+    saves: the kernel zeroes and maps each new page, on both sides."""
+
+    def __init__(self) -> None:
+        self._forget()
+
+    def _forget(self) -> None:
+        self._pid = os.getpid()
+        self._mapped: dict[str, mmap.mmap] = {}
+        self._free: collections.deque[str] = collections.deque()
+
+    def _own(self) -> None:
+        """In a forked child: the parent's files are the parent's to offer and delete."""
+        if self._pid != os.getpid():
+            self._forget()
+
+    def offer(self) -> str | None:
+        """A file done with, for the next batch to be written into (or None)."""
+        self._own()
+        return self._free.popleft() if self._free else None
+
+    def collect(self, handed: Handed, offered: str | None) -> dict[str, np.ndarray]:
+        """The batch in ``handed`` (one copy), its file kept for another;
+        ``offered``: the file its task was offered, dropped if not used."""
+        self._own()
+        if offered is not None and offered != handed.path:
+            self.drop(offered)
+        nbytes = _nbytes(handed.layout)
+        if not nbytes:  # nothing to map
+            self.drop(handed.path)
+            return _views(bytearray(0), handed.layout)
+        data = self._mapped.get(handed.path)
+        if data is None:
+            handle = os.open(handed.path, os.O_RDONLY)
+            try:
+                size = os.fstat(handle).st_size
+                data = self._mapped[handed.path] = mmap.mmap(
+                    handle, size, flags=mmap.MAP_SHARED | _POPULATE, prot=mmap.PROT_READ
+                )
+            finally:
+                os.close(handle)
+        copy = np.empty(nbytes, np.uint8)
+        copy[:] = np.frombuffer(data, np.uint8, nbytes)
+        self._free.append(handed.path)
+        return _views(copy, handed.layout)
+
+    def drop(self, path: str) -> None:
+        """Deletes ``path`` (a file this reader will not read again)."""
+        self._mapped.pop(path, None)  # unmapped with its last view, not closed under one
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+
+    def close(self) -> None:
+        """Deletes every file this reader keeps."""
+        self._own()
+        for path in [*self._mapped, *self._free]:
+            self.drop(path)
+        self._free.clear()
+
+
+# In a worker: the batch files it writes into, each mapped once.
+_WRITING: dict[str, mmap.mmap] = {}
+
+
+def reuse_or_allocate(
+    directory: str, offered: str | None, layout: Layout
+) -> tuple[Handed, dict[str, np.ndarray]]:
+    """In a worker: the ``offered`` file (a `Recycler`'s) to write a batch
+    of ``layout`` into, if it is that size, else a new one (`allocate`); what
+    to hand back and the arrays to fill. Files deleted since are forgotten."""
+    for gone in [path for path in _WRITING if not os.path.exists(path)]:
+        del _WRITING[gone]
+    nbytes = _nbytes(layout)
+    if offered is not None and nbytes:
+        data = _WRITING.get(offered)
+        if data is None:
+            with contextlib.suppress(FileNotFoundError):
+                handle = os.open(offered, os.O_RDWR)
+                try:
+                    if os.fstat(handle).st_size == nbytes:
+                        data = mmap.mmap(handle, nbytes, flags=mmap.MAP_SHARED | _POPULATE)
+                        _WRITING[offered] = data
+                finally:
+                    os.close(handle)
+        if data is not None and len(data) == nbytes:
+            return Handed(offered, layout), _views(data, layout)
+    handed, arrays = allocate(directory, layout)
+    return handed, arrays
+
+
+def forget(path: str) -> None:
+    """In a worker: ``path`` deleted (a batch that failed), its mapping dropped."""
+    _WRITING.pop(path, None)  # unmapped with its last view (a traceback may hold one)
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+
+
+# Page tables filled at the map: one call, not a fault per 4 KiB page touched.
+_POPULATE = getattr(mmap, "MAP_POPULATE", 0)
+
+
+def _nbytes(layout: Layout) -> int:
+    return sum(int(np.prod(shape)) * np.dtype(dtype).itemsize for _, dtype, shape in layout)
+
+
+def _views(data: mmap.mmap | bytearray, layout: Layout) -> dict[str, np.ndarray]:
+    """Each field of ``layout`` as an array over its bytes of ``data``, in order."""
+    buffer = np.frombuffer(data, np.uint8)
     out, at = {}, 0
     for key, dtype, shape in layout:
         size = int(np.prod(shape)) * np.dtype(dtype).itemsize
-        out[key] = data[at : at + size].view(dtype).reshape(shape)
+        out[key] = buffer[at : at + size].view(dtype).reshape(shape)
         at += size
     return out
+
+
+def _unwritten(error: OSError, path: str, directory: str, nbytes: int) -> NoReturn:
+    """Raises ``error`` of a batch file not written, the file deleted; ENOSPC
+    as an error that names the full file system, its size and the fixes (a
+    container's default /dev/shm is 64 MiB)."""
+    with contextlib.suppress(OSError):
+        os.unlink(path)
+    if error.errno != errno.ENOSPC:
+        raise error
+    total = shutil.disk_usage(directory).total
+    raise OSError(
+        errno.ENOSPC,
+        f"no space left in {os.path.dirname(directory)} ({total / 2**20:.0f} MiB in all) "
+        f"for a batch of {nbytes / 2**20:.1f} MiB from a worker: workers hand batches "
+        "back through it. Give it more room (docker run --shm-size=2g, or a larger "
+        "tmpfs), or use fewer workers or smaller batches",
+    ) from error
 
 
 def remove_all() -> None:

@@ -102,8 +102,12 @@ class Member:
     def dead(self) -> bool:
         return self._pool.dead()
 
-    def submit(self, indices: np.ndarray, epoch: int) -> concurrent.futures.Future:
-        return self.executor.submit(_batch, self.work, indices, epoch)
+    def submit(
+        self, indices: np.ndarray, epoch: int, offered: str | None = None
+    ) -> concurrent.futures.Future:
+        """The future of one batch, written into ``offered`` (a batch file
+        read and done with) when it fits."""
+        return self.executor.submit(_batch, self.work, indices, epoch, offered)
 
     def close(self) -> None:
         """Leaves the pool (its workers drop this work); the last member stops it."""
@@ -172,13 +176,25 @@ def _start(directory: str) -> None:
     _DIRECTORY = directory
 
 
-def _batch(work: str, indices: np.ndarray, epoch: int) -> shared_batches.Handed:
+def _batch(
+    work: str, indices: np.ndarray, epoch: int, offered: str | None
+) -> shared_batches.Handed:
     """In a worker: one batch of the source whose work is in the file
-    ``work``, handed back as a file (`shared_batches`)."""
+    ``work``, stacked straight into a batch file (``offered``, one the reader
+    is done with, when it fits) and handed back (`shared_batches`)."""
     for closed in [path for path in _WORKS if path != work and not os.path.exists(path)]:
         del _WORKS[closed]  # its source closed: bounded by the sources open
     if work not in _WORKS:
         with open(work, "rb") as file:
             _WORKS[work] = pickle.load(file)
     read, transform = _WORKS[work]
-    return shared_batches.write(transform.batch(read(indices), indices, epoch), _DIRECTORY)
+    rows = read(indices)
+    n = len(indices)
+    layout = [(key, dtype.str, (n, *shape)) for key, (shape, dtype) in transform.spec.items()]
+    handed, arrays = shared_batches.reuse_or_allocate(_DIRECTORY, offered, layout)
+    try:
+        transform.batch(rows, indices, epoch, out=arrays)
+    except BaseException:
+        shared_batches.forget(handed.path)
+        raise
+    return handed

@@ -12,6 +12,8 @@ import mmap
 import multiprocessing
 import os
 import platform
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -407,9 +409,6 @@ def test_shared_memory_names(monkeypatch):
 
 
 def test_exit_hooks_run_before_an_immediate_exit():
-    import subprocess
-    import sys
-
     script = (
         "import atexit, os\n"
         "atexit.register(print, 'hook ran', flush=True)\n"
