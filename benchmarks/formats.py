@@ -90,7 +90,9 @@ def main() -> None:
     if "--photos" in sys.argv[1:] or "--speed" in sys.argv[1:]:
         formats_speed.main(large="--photos" in sys.argv[1:])
         return
-    os.environ.setdefault("JAXFEED_CACHE_DIR", tempfile.mkdtemp(prefix="jaxfeed-formats-bench-"))
+    if "JAXFEED_CACHE_DIR" not in os.environ:  # a cache of its own, removed at the end
+        cache = tempfile.TemporaryDirectory(prefix="jaxfeed-formats-bench-")
+        os.environ["JAXFEED_CACHE_DIR"] = cache.name
     from jaxfeed.loaders.data.encoded import digits_png
 
     from jaxfeed import loaders
