@@ -272,10 +272,21 @@ def as_device_dtype(
         return array
     import jax  # only for 64-bit fields: JAX's own rule reads its x64 flag
 
-    dtype = np.dtype(jax.dtypes.canonicalize_dtype(array.dtype))
+    return narrowed(array, np.dtype(jax.dtypes.canonicalize_dtype(array.dtype)), where, fix)
+
+
+def narrowed(
+    array: np.ndarray, dtype: np.dtype, where: str, fix: str = "map the values into range"
+) -> np.ndarray:
+    """``array`` as ``dtype``, the device dtype `as_device_dtype` chose (known
+    already, so no JAX import: Grain's workers call this per batch).
+
+    Raises:
+      ValueError: an integer that does not fit ``dtype`` (a cast would wrap it).
+    """
     if dtype == array.dtype:
         return array
-    if dtype.kind in "iu" and array.size:
+    if dtype.kind in "iu" and array.dtype.kind in "iu" and array.size:
         info, low, high = np.iinfo(dtype), array.min(), array.max()
         if low < info.min or high > info.max:
             raise ValueError(

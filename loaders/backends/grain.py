@@ -20,7 +20,7 @@ from typing import Any
 
 import grain
 import numpy as np
-from jaxfeed.loaders.array_dataset import ArrayDataset
+from jaxfeed.loaders.array_dataset import ArrayDataset, narrowed
 from jaxfeed.loaders.backends.sampled_source import SampledSource
 from jaxfeed.loaders.backends.tfds_store import split_name, store
 from jaxfeed.loaders.frameworks.grain import mark_absl_flags_parsed
@@ -109,23 +109,9 @@ class ArrayRecordRows:
             if array.dtype.kind == "O":
                 out[key] = _stack(batch[key], array.dtype)
             else:
-                values = _in_range(np.asarray(batch[key]), array.dtype, f"{self.name}, {key!r}")
+                values = narrowed(np.asarray(batch[key]), array.dtype, f"{self.name}, {key!r}")
                 out[key] = values.reshape(-1, *array.shape[1:])
         return out
-
-
-def _in_range(values: np.ndarray, dtype: np.dtype, where: str) -> np.ndarray:
-    """``values`` as ``dtype`` (int64 features as the copy holds them: 32-bit
-    without x64), refused rather than wrapped where one does not fit."""
-    if values.dtype.kind in "iu" and dtype.kind in "iu" and values.size:
-        info = np.iinfo(dtype)
-        low, high = values.min(), values.max()
-        if low < info.min or high > info.max:
-            raise ValueError(
-                f"{where} holds {low}..{high}, which does not fit the {dtype} JAX makes of "
-                f"{values.dtype} without x64; enable jax_enable_x64"
-            )
-    return values.astype(dtype, copy=False)
 
 
 def _stack(values: list, dtype: np.dtype) -> np.ndarray:

@@ -211,12 +211,10 @@ class TorchSource(SampledSource):
         """The batches of ``batches`` read by the workers, handed back through
         an epoch's `batch_ring.BatchRing` (as files when it is full or
         there is no room for one)."""
-        batch_bytes = sum(
-            int(np.prod(shape)) * np.dtype(dtype).itemsize for shape, dtype in self._rows.values()
-        )
+        layout = [(k, np.dtype(d).str, (self.batch_size, *s)) for k, (s, d) in self._rows.items()]
         try:
             ring = batch_ring.BatchRing(
-                self.torch_dataset.handoff, self.batch_size * batch_bytes, self._ring_slots
+                self.torch_dataset.handoff, shared_batches.layout_bytes(layout), self._ring_slots
             )
         except OSError:  # no room in shared memory: a file per batch
             ring = None

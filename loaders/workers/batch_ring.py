@@ -27,7 +27,7 @@ from collections.abc import Callable, Mapping
 from typing import NamedTuple
 
 import numpy as np
-from jaxfeed.loaders.workers.shared_batches import Layout
+from jaxfeed.loaders.workers.shared_batches import Layout, layout_bytes, views
 
 __all__ = ["BatchRing", "Ringed", "Slot", "gather_into", "write"]
 
@@ -87,14 +87,9 @@ class BatchRing:
     def collect(self, ringed: Ringed) -> dict[str, np.ndarray]:
         """The batch in ``ringed``'s slot (one copy, views of it per field); the slot freed."""
         index = ringed.slot.index
-        sizes = [_nbytes(dtype, shape) for _, dtype, shape in ringed.layout]
-        data = self._data[index, : sum(sizes)].copy()
+        data = self._data[index, : layout_bytes(ringed.layout)].copy()
         self._free[index] = True
-        out, at = {}, 0
-        for (key, dtype, shape), size in zip(ringed.layout, sizes, strict=True):
-            out[key] = data[at : at + size].view(dtype).reshape(shape)
-            at += size
-        return out
+        return views(data, ringed.layout)
 
     def close(self) -> None:
         """Removes the file (a worker still writing to it writes to memory that goes with it)."""
@@ -104,10 +99,6 @@ class BatchRing:
 def _unlink(path: str) -> None:
     with contextlib.suppress(FileNotFoundError):
         os.unlink(path)
-
-
-def _nbytes(dtype: str, shape: tuple[int, ...]) -> int:
-    return int(np.prod(shape)) * np.dtype(dtype).itemsize
 
 
 # In a worker: the ring of the epoch it serves, mapped. The last epoch's is
@@ -133,14 +124,12 @@ def _slot_memory(slot: Slot) -> np.ndarray | None:
 def _place(slot: Slot, layout: Layout, fill: Callable[[str, np.ndarray], None]) -> Ringed | None:
     """Lays ``layout`` out in ``slot`` and has ``fill(key, view)`` fill each
     field; None when the slot is gone or too small."""
-    sizes = [_nbytes(dtype, shape) for _, dtype, shape in layout]
-    memory = _slot_memory(slot) if sum(sizes) <= slot.nbytes else None
+    nbytes = layout_bytes(layout)
+    memory = _slot_memory(slot) if nbytes <= slot.nbytes else None
     if memory is None:
         return None
-    at = 0
-    for (key, dtype, shape), size in zip(layout, sizes, strict=True):
-        fill(key, memory[at : at + size].view(dtype).reshape(shape))
-        at += size
+    for key, view in views(memory[:nbytes], layout).items():
+        fill(key, view)
     return Ringed(slot, layout)
 
 

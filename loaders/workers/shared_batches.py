@@ -40,10 +40,12 @@ __all__ = [
     "allocate",
     "collect",
     "forget",
+    "layout_bytes",
     "make_directory",
     "remove_all",
     "remove_directory",
     "reuse_or_allocate",
+    "views",
     "write",
 ]
 
@@ -111,25 +113,25 @@ def allocate(directory: str, layout: Layout) -> tuple[Handed, dict[str, np.ndarr
         so a full file system is this error, never a SIGBUS at a store.
     """
     path = os.path.join(directory, uuid.uuid4().hex)
-    nbytes = _nbytes(layout)
+    nbytes = layout_bytes(layout)
     handle = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
     try:
         if not nbytes:
-            return Handed(path, layout), _views(bytearray(0), layout)
+            return Handed(path, layout), views(bytearray(0), layout)
         os.posix_fallocate(handle, 0, nbytes)
         data = _WRITING[path] = mmap.mmap(handle, nbytes, flags=mmap.MAP_SHARED | _POPULATE)
     except OSError as error:
         _unwritten(error, path, directory, nbytes)
     finally:
         os.close(handle)
-    return Handed(path, layout), _views(data, layout)
+    return Handed(path, layout), views(data, layout)
 
 
 def collect(path: str, layout: Layout) -> dict[str, np.ndarray]:
     """The batch written to ``path`` (one copy, views of it per field); the file deleted."""
     data = np.fromfile(path, np.uint8)
     os.unlink(path)
-    return _views(data, layout)
+    return views(data, layout)
 
 
 class Recycler:
@@ -163,10 +165,10 @@ class Recycler:
         self._own()
         if offered is not None and offered != handed.path:
             self.drop(offered)
-        nbytes = _nbytes(handed.layout)
+        nbytes = layout_bytes(handed.layout)
         if not nbytes:  # nothing to map
             self.drop(handed.path)
-            return _views(bytearray(0), handed.layout)
+            return views(bytearray(0), handed.layout)
         data = self._mapped.get(handed.path)
         if data is None:
             handle = os.open(handed.path, os.O_RDONLY)
@@ -180,7 +182,7 @@ class Recycler:
         copy = np.empty(nbytes, np.uint8)
         copy[:] = np.frombuffer(data, np.uint8, nbytes)
         self._free.append(handed.path)
-        return _views(copy, handed.layout)
+        return views(copy, handed.layout)
 
     def drop(self, path: str) -> None:
         """Deletes ``path`` (a file this reader will not read again)."""
@@ -208,7 +210,7 @@ def reuse_or_allocate(
     to hand back and the arrays to fill. Files deleted since are forgotten."""
     for gone in [path for path in _WRITING if not os.path.exists(path)]:
         del _WRITING[gone]
-    nbytes = _nbytes(layout)
+    nbytes = layout_bytes(layout)
     if offered is not None and nbytes:
         data = _WRITING.get(offered)
         if data is None:
@@ -221,9 +223,8 @@ def reuse_or_allocate(
                 finally:
                     os.close(handle)
         if data is not None and len(data) == nbytes:
-            return Handed(offered, layout), _views(data, layout)
-    handed, arrays = allocate(directory, layout)
-    return handed, arrays
+            return Handed(offered, layout), views(data, layout)
+    return allocate(directory, layout)
 
 
 def forget(path: str) -> None:
@@ -237,11 +238,12 @@ def forget(path: str) -> None:
 _POPULATE = getattr(mmap, "MAP_POPULATE", 0)
 
 
-def _nbytes(layout: Layout) -> int:
+def layout_bytes(layout: Layout) -> int:
+    """The bytes a batch of ``layout`` takes."""
     return sum(int(np.prod(shape)) * np.dtype(dtype).itemsize for _, dtype, shape in layout)
 
 
-def _views(data: mmap.mmap | bytearray, layout: Layout) -> dict[str, np.ndarray]:
+def views(data: mmap.mmap | bytearray | np.ndarray, layout: Layout) -> dict[str, np.ndarray]:
     """Each field of ``layout`` as an array over its bytes of ``data``, in order."""
     buffer = np.frombuffer(data, np.uint8)
     out, at = {}, 0

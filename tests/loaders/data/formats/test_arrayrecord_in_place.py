@@ -105,3 +105,16 @@ def test_a_changed_file_is_not_served_stale(tmp_path, cache):
         assert_same_batches(after[epoch], augmented_epochs("numpy", tmp_path)[epoch])
     with pytest.raises(ValueError, match="a file changed since the dataset was made"):
         loaders.make("numpy", dataset=made, batch_size=7, transform=augment_image)
+
+
+def test_an_int64_that_does_not_fit_int32_is_refused_not_wrapped(tmp_path, cache):
+    png, labels = records()["train"]
+    rows = [example(p, label) for p, label in zip(png, labels, strict=True)]
+    rows[6] = example(png[6], 2**40)  # JAX without x64 makes int32 of int64
+    write_arrayrecord(tmp_path / "a.array_record", rows)
+    grain = loaders.make("grain", dataset=tmp_path, batch_size=4, transform=augment_image,
+                         shuffle=False)  # fmt: skip
+    batches = grain.iter_epoch(0)
+    next(batches)  # rows 0-3 fit
+    with pytest.raises(ValueError, match=r"'label' holds .*1099511627776, which does not fit"):
+        next(batches)

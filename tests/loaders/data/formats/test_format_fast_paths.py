@@ -42,16 +42,20 @@ def small_chunks(monkeypatch):
     monkeypatch.setattr(tfrecord, "_CHUNK_BYTES", 256)
 
 
+@pytest.fixture(params=["default", "small"])
+def chunks(request):
+    """Each test that takes it, with the default chunks and with `small_chunks`."""
+    if request.param == "small":
+        request.getfixturevalue("small_chunks")
+
+
 def test_the_checksum_is_crc32c_masked():
     unmasked = 0xE3069283  # CRC-32C of b"123456789", the standard check value
     masked = (((unmasked >> 15) | (unmasked << 17)) + 0xA282EAD8) & 0xFFFFFFFF
     assert tfrecord.masked_crc32c(b"123456789") == masked == _masked_crc32c(b"123456789")
 
 
-@pytest.mark.parametrize("chunks", ["default", "small"])
-def test_bulk_framing_reads_every_record_plain_and_gzip(tmp_path, request, chunks):
-    if chunks == "small":
-        request.getfixturevalue("small_chunks")
+def test_bulk_framing_reads_every_record_plain_and_gzip(tmp_path, chunks):
     data = _framed(RECORDS)
     (tmp_path / "plain.tfrecord").write_bytes(data)
     half = len(data) // 3  # two gzip members, split inside a record
@@ -62,11 +66,8 @@ def test_bulk_framing_reads_every_record_plain_and_gzip(tmp_path, request, chunk
         assert [i for _, i, _ in got] == list(range(len(RECORDS)))
 
 
-@pytest.mark.parametrize("chunks", ["default", "small"])
 @pytest.mark.parametrize("damage", ["length", "checksum"])
-def test_a_damaged_length_is_named_after_the_records_before_it(tmp_path, request, chunks, damage):
-    if chunks == "small":
-        request.getfixturevalue("small_chunks")
+def test_a_damaged_length_is_named_after_the_records_before_it(tmp_path, chunks, damage):
     data = bytearray(_framed(RECORDS))
     bad = 23
     at = len(_framed(RECORDS[:bad])) + (1 if damage == "length" else 9)
@@ -78,11 +79,8 @@ def test_a_damaged_length_is_named_after_the_records_before_it(tmp_path, request
     assert [r for _, _, r in got] == RECORDS[:bad]
 
 
-@pytest.mark.parametrize("chunks", ["default", "small"])
 @pytest.mark.parametrize("kind", ["plain", "gzip"])
-def test_a_flipped_data_byte_is_named_after_the_records_before_it(tmp_path, request, chunks, kind):
-    if chunks == "small":
-        request.getfixturevalue("small_chunks")
+def test_a_flipped_data_byte_is_named_after_the_records_before_it(tmp_path, chunks, kind):
     data = bytearray(_framed(RECORDS))
     bad = 26  # 4000 bytes: across small chunks
     data[len(_framed(RECORDS[:bad])) + 12 + 1000] ^= 0x01  # one bit of its data
