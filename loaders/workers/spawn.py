@@ -8,10 +8,10 @@ for good writing the new worker's pickled state into a pipe nobody reads), or
 failing on a "worker exited unexpectedly", where the main process had
 stopped at a step, saved a checkpoint and was about to close its workers in
 order. Workers started through `SPAWN`, or by a library inside
-`children_ignore_stop_signals()`, ignore both for life: the signals are
-ignored in the parent only for the instant the child is forked and executed
-(an ignored disposition survives both, and Python then installs no handler
-of its own), so the parent still sees them. `SPAWN`'s processes (torch's
+`children_ignore_stop_signals`, ignore both for life: the thread that forks
+one blocks them for that instant, so the child starts with them blocked, and
+ignores them before it unblocks them. The parent, its other threads and the
+processes they start still see them. `SPAWN`'s processes (torch's
 workers) then take SIGTERM from their parent only, so a loader's
 ``terminate()`` still ends them. The main process closes its workers itself;
 past its timeout Grain kills its workers (SIGKILL).
@@ -30,8 +30,8 @@ spawned workers cost.
 
 from __future__ import annotations
 
+import collections
 import contextlib
-import ctypes
 import multiprocessing
 import os
 import signal
@@ -39,7 +39,7 @@ import sys
 import threading
 import time
 from collections.abc import Generator, Iterable, Iterator
-from multiprocessing import spawn, util
+from multiprocessing import popen_spawn_posix, spawn, util
 from multiprocessing.context import SpawnContext, SpawnProcess
 from typing import Any, TypeVar
 
@@ -48,84 +48,105 @@ from jaxfeed.loaders.frameworks.multiprocessing import run_exit_hooks
 T = TypeVar("T")
 
 
-class _Sigaction(ctypes.Structure):
-    """glibc's ``struct sigaction`` (Linux; x86-64 and arm64 lay it out alike)."""
-
-    _fields_ = (
-        ("handler", ctypes.c_void_p),
-        ("mask", ctypes.c_ulong * (1024 // (8 * ctypes.sizeof(ctypes.c_ulong)))),
-        ("flags", ctypes.c_int),
-        ("restorer", ctypes.c_void_p),
-    )
-
-
-def _libc_sigaction() -> Any:
-    try:
-        return ctypes.CDLL(None, use_errno=True).sigaction
-    except (OSError, AttributeError):
-        return None
-
-
-_SIGACTION = _libc_sigaction()
-_LAUNCHING = threading.Lock()
 # What the workers leave to their parent.
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
+_LAUNCHING = threading.local()  # .process: the process object this thread is launching
+_IGNORING_LIBRARIES: collections.Counter[str] = collections.Counter()  # open contexts' libraries
+_HOOKS = threading.Lock()
+_HOOKED = False
+
+
+def _ignores_stop_signals(process: Any) -> bool:
+    """Whether ``process`` (being launched) is to ignore SIGINT and SIGTERM:
+    jaxfeed's own, or one whose target is code of a library a
+    `children_ignore_stop_signals` context is open for."""
+    if isinstance(process, _StopSignalsIgnoringProcess):
+        return True
+    module = getattr(getattr(process, "_target", None), "__module__", None) or ""
+    return any(module.partition(".")[0] == library for library in list(_IGNORING_LIBRARIES))
+
+
+def _spawnv_passfds(*args: Any) -> int:
+    """multiprocessing's fork and exec of a spawned child. For one that is to
+    ignore the stop signals, they are blocked in this thread only (a signal
+    mask is a thread's, and a child starts with the mask of the thread that
+    forked it): from its first instruction they wait, pending, until the child
+    ignores them, which discards them. Not ignored process-wide: a subprocess
+    another thread starts at that instant would inherit the ignore, and be a
+    command Ctrl-C cannot stop."""
+    if not _ignores_stop_signals(getattr(_LAUNCHING, "process", None)):
+        return _SPAWNV_PASSFDS(*args)
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        return _SPAWNV_PASSFDS(*args)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+
+
+def _launch(self: Any, process: Any) -> None:
+    """spawn's launch of ``process``, which this thread's hooks below see."""
+    _LAUNCHING.process = process
+    try:
+        _POPEN_LAUNCH(self, process)
+    finally:
+        _LAUNCHING.process = None
+
+
+def _preparation_data(name: str) -> dict[str, Any]:
+    """What a spawned child sets up before it unpickles its process object;
+    without the parent's main module (``init_main_from_*``) for a
+    `SPAWN_WITHOUT_MAIN` child."""
+    data = _PREPARATION_DATA(name)
+    if isinstance(getattr(_LAUNCHING, "process", None), _MainlessProcess):
+        data.pop("init_main_from_name", None)
+        data.pop("init_main_from_path", None)
+    return data
+
+
+_SPAWNV_PASSFDS = util.spawnv_passfds
+_POPEN_LAUNCH = popen_spawn_posix.Popen._launch
+_PREPARATION_DATA = spawn.get_preparation_data
+
+
+def _hook_spawn() -> None:
+    """Installs the hooks above into Python 3.11-3.13's spawn, once: they
+    change nothing for a process that is not jaxfeed's or an open context's."""
+    global _HOOKED
+    with _HOOKS:
+        if not _HOOKED:
+            popen_spawn_posix.Popen._launch = _launch
+            util.spawnv_passfds = _spawnv_passfds
+            spawn.get_preparation_data = _preparation_data
+            _HOOKED = True
+
 
 @contextlib.contextmanager
-def _stop_signals_ignored() -> Iterator[None]:
-    """SIGINT and SIGTERM ignored, process-wide, from any thread: through libc,
-    since Python's `signal.signal` works in the main thread only (Grain starts
-    its workers from a thread of its own). Python's own handlers are put back
-    exactly as they were, flags included."""
-    if _SIGACTION is None:  # not glibc: nothing to protect the workers with
-        yield
-        return
-    ignore = _Sigaction()
-    ignore.handler = 1  # SIG_IGN
-    # One at a time: two threads' interleaved save/restore would leave them ignored.
-    with _LAUNCHING:
-        previous = {}
-        try:
-            for signum in STOP_SIGNALS:
-                action = _Sigaction()
-                if _SIGACTION(signum, ctypes.byref(ignore), ctypes.byref(action)) == 0:
-                    previous[signum] = action
-            yield
-        finally:
-            for signum, action in previous.items():
-                _SIGACTION(signum, ctypes.byref(action), None)
-
-
-@contextlib.contextmanager
-def children_ignore_stop_signals() -> Iterator[None]:
-    """Processes spawned inside (by any library and thread, with Python's spawn
-    start method) ignore SIGINT and SIGTERM for life; this process ignores them
-    only while each child is forked and executed, milliseconds.
-
-    Python 3.11-3.13's spawn starts the child with multiprocessing.util's
-    ``spawnv_passfds``, then sends it the pickled process object, which can
-    take seconds (the child imports what it unpickles): only the first is
-    wrapped, while this context is open.
-    """
-    launch = util.spawnv_passfds
-
-    def launch_ignoring_stop_signals(*args: Any) -> int:
-        # Blocked too in the launching thread, so in the child's every thread:
-        # a thread started before `_sigterm_only_from_parent` runs (an import's)
-        # must not take a SIGTERM once the child stops ignoring it.
-        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
-        try:
-            with _stop_signals_ignored():
-                return launch(*args)
-        finally:
-            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
-
-    util.spawnv_passfds = launch_ignoring_stop_signals
+def children_ignore_stop_signals(library: str) -> Iterator[None]:
+    """Processes that ``library`` ("grain": the top-level package of their
+    target function) spawns while this is open, from any thread, ignore
+    SIGINT and SIGTERM for life: they start with both blocked (see
+    `_spawnv_passfds`), and nothing in them unblocks them. Other processes,
+    and this one, are not affected."""
+    _hook_spawn()
+    with _HOOKS:
+        _IGNORING_LIBRARIES[library] += 1
     try:
         yield
     finally:
-        util.spawnv_passfds = launch
+        with _HOOKS:
+            _IGNORING_LIBRARIES[library] -= 1
+            if not _IGNORING_LIBRARIES[library]:
+                del _IGNORING_LIBRARIES[library]
+
+
+def _ignore_stop_signals() -> None:
+    """In a jaxfeed child's main thread, first: SIGINT and SIGTERM ignored
+    (which discards any that came while it started, blocked), and SIGINT
+    unblocked again."""
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
 
 def _sigterm_only_from_parent() -> None:
@@ -173,8 +194,8 @@ class _StopSignalsIgnoringProcess(SpawnProcess):
         # Sent with the process: a child still starting when its parent is
         # killed would otherwise take its new parent (init) for the one to watch.
         self._jaxfeed_parent = os.getpid()
-        with children_ignore_stop_signals():
-            super().start()
+        _hook_spawn()
+        super().start()
 
     def run(self) -> None:  # in the child
         _sigterm_only_from_parent()
@@ -182,6 +203,7 @@ class _StopSignalsIgnoringProcess(SpawnProcess):
         super().run()
 
     def _bootstrap(self, *args: Any, **kwargs: Any) -> int:  # in the child
+        _ignore_stop_signals()
         code = super()._bootstrap(*args, **kwargs)  # (joins threads, runs finalizers, flushes)
         # Then leave as a forked child does: with os._exit, after the atexit hooks.
         # Spawn's own exit finalizes the interpreter, which stops a daemon thread
@@ -203,32 +225,8 @@ SPAWN = _StopSignalsIgnoringSpawn()
 """A spawn ``multiprocessing`` context whose processes leave SIGINT and SIGTERM to their parent."""
 
 
-_STARTING = threading.local()  # .without_main: this thread starts a `SPAWN_WITHOUT_MAIN` child
-_PREPARATION_DATA = spawn.get_preparation_data
-
-
-def _preparation_data(name: str) -> dict[str, Any]:
-    """What a spawned child sets up before it unpickles its process object;
-    without the parent's main module (``init_main_from_*``) for a child
-    started by this thread through `SPAWN_WITHOUT_MAIN`."""
-    data = _PREPARATION_DATA(name)
-    if getattr(_STARTING, "without_main", False):
-        data.pop("init_main_from_name", None)
-        data.pop("init_main_from_path", None)
-    return data
-
-
 class _MainlessProcess(_StopSignalsIgnoringProcess):
-    def start(self) -> None:
-        # Python 3.11-3.13's spawn Popen asks spawn.get_preparation_data, in the
-        # starting thread, what the child prepares. Installed once and left in
-        # place: it changes nothing for a child this flag (this thread's) is not set for.
-        spawn.get_preparation_data = _preparation_data
-        _STARTING.without_main = True
-        try:
-            super().start()
-        finally:
-            _STARTING.without_main = False
+    """Launched without the parent's main module (see `_preparation_data`)."""
 
 
 class _MainlessSpawn(_StopSignalsIgnoringSpawn):

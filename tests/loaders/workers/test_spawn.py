@@ -5,10 +5,12 @@ import multiprocessing
 import os
 import re
 import signal
+import subprocess
 import threading
 
 import pytest
-from jaxfeed.loaders.workers.spawn import SPAWN, raise_if_dead
+from jaxfeed.loaders.workers import spawn
+from jaxfeed.loaders.workers.spawn import SPAWN, children_ignore_stop_signals, raise_if_dead
 
 
 @pytest.mark.parametrize(
@@ -55,3 +57,90 @@ def test_a_worker_leaves_cleanly_while_a_daemon_thread_is_in_torch(tmp_path):
     worker.join(timeout=120)
     assert worker.exitcode == 0
     assert note.exists()
+
+
+def _stop_signals(status: str) -> dict[str, set[str]]:
+    """Which of SIGINT and SIGTERM a /proc/<pid>/status text has ignored
+    ("SigIgn"), blocked in its main thread ("SigBlk") and caught ("SigCgt")."""
+    found = {}
+    for line in status.splitlines():
+        field, _, mask = line.partition(":")
+        if field in ("SigIgn", "SigBlk", "SigCgt"):
+            bits = int(mask, 16)
+            found[field] = {s.name for s in spawn.STOP_SIGNALS if bits >> (s - 1) & 1}
+    return found
+
+
+def _write_status(path: str) -> None:
+    with open("/proc/self/status") as status, open(path, "w") as out:
+        out.write(status.read())
+
+
+def _status_of_a_subprocess() -> str:
+    return subprocess.run(
+        ["cat", "/proc/self/status"], capture_output=True, text=True, check=True, timeout=60
+    ).stdout
+
+
+def test_a_subprocess_started_while_a_worker_launches_keeps_ctrl_c(tmp_path, monkeypatch):
+    # The worker's fork once ran with SIGINT and SIGTERM ignored process-wide:
+    # a subprocess another thread started at that instant inherited the ignore
+    # and could not be stopped with Ctrl-C (a CI run's child hung 60 s). Here
+    # the other thread starts one inside the fork's window, every time.
+    fork = spawn._SPAWNV_PASSFDS
+    beside, in_window = {}, threading.Event()
+
+    def start_a_subprocess_in_the_window() -> None:
+        if in_window.wait(timeout=120):
+            beside["status"] = _status_of_a_subprocess()
+
+    def fork_with_a_subprocess_beside(*args):
+        in_window.set()
+        other.join()
+        return fork(*args)
+
+    other = threading.Thread(target=start_a_subprocess_in_the_window)  # (before the window)
+    other.start()
+    monkeypatch.setattr(spawn, "_SPAWNV_PASSFDS", fork_with_a_subprocess_beside)
+    worker = SPAWN.Process(target=_write_status, args=(str(tmp_path / "worker"),))
+    worker.start()
+    worker.join(timeout=120)
+    assert worker.exitcode == 0
+    # The subprocess: Python's default, nothing ignored or blocked.
+    assert _stop_signals(beside["status"]) == {"SigIgn": set(), "SigBlk": set(), "SigCgt": set()}
+    # The worker ignores SIGINT; SIGTERM it leaves blocked, for a thread that
+    # takes its parent's alone (see spawn).
+    worker_signals = _stop_signals((tmp_path / "worker").read_text())
+    assert worker_signals["SigIgn"] == {"SIGINT"}
+    assert worker_signals["SigBlk"] == {"SIGTERM"}
+    # And this process still takes Ctrl-C.
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_a_librarys_children_start_with_the_stop_signals_blocked_and_no_other(tmp_path):
+    library = _write_status.__module__.partition(".")[0]  # this test's package, as Grain's
+    context = multiprocessing.get_context("spawn")
+    with children_ignore_stop_signals(library):
+        # From another thread, as Grain starts its workers.
+        child = context.Process(target=_write_status, args=(str(tmp_path / "library"),))
+        other = context.Process(target=os.getpid)  # not the library's: untouched
+        for process in (child, other):
+            starter = threading.Thread(target=process.start)
+            starter.start()
+            starter.join()
+        beside = _status_of_a_subprocess()
+    for process in (child, other):
+        process.join(timeout=120)
+        assert process.exitcode == 0
+    after = context.Process(target=_write_status, args=(str(tmp_path / "after"),))
+    after.start()
+    after.join(timeout=120)
+    assert after.exitcode == 0
+
+    # Blocked, then never delivered: Python's handler is there, and idle.
+    library_signals = _stop_signals((tmp_path / "library").read_text())
+    assert library_signals["SigBlk"] == {"SIGINT", "SIGTERM"}
+    assert library_signals["SigIgn"] == set()
+    untouched = {"SigIgn": set(), "SigBlk": set(), "SigCgt": {"SIGINT"}}
+    assert _stop_signals((tmp_path / "after").read_text()) == untouched
+    assert _stop_signals(beside) == {"SigIgn": set(), "SigBlk": set(), "SigCgt": set()}
