@@ -20,7 +20,7 @@ threads, and the transform's Python holds the GIL.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -257,7 +257,7 @@ class TfSource(SampledSource):
             key: tf.TensorSpec((self.batch_size, *shape), tf.as_dtype(dtype))
             for key, (shape, dtype) in self._rows.items()
         }
-        batches = tf.data.Dataset.from_generator(generate, output_signature=signature)
+        batches = _from_generator(generate, signature)
         try:
             yield from _reraising(batches.as_numpy_iterator(), failures)
         finally:
@@ -295,6 +295,20 @@ def build(dataset: ArrayDataset, sampler: Sampler, **options: Any) -> TfSource:
     """The backend's `BatchSource`; ``loaders.make`` has checked ``options``
     against `OPTIONS`."""
     return TfSource(dataset, sampler, **options)
+
+
+def _from_generator(generate: Callable[[], Iterator[Any]], signature: Mapping[str, Any]) -> Any:
+    """``Dataset.from_generator(generate)`` with tf.data's autotuning off: it
+    has nothing to tune (no parallel map, no prefetch: the pool is the
+    parallelism), and its optimisation thread made deleting each epoch's
+    iterator wait for that thread's next wake-up, whose period grows with
+    the iterator's age: up to ~1 s per epoch, at random (docs/data.md)."""
+    tf = import_tensorflow()
+    options = tf.data.Options()
+    options.autotune.enabled = False
+    return tf.data.Dataset.from_generator(generate, output_signature=signature).with_options(
+        options
+    )
 
 
 def _reraising(iterator: Iterator[Any], failures: list[Exception]) -> Iterator[Any]:

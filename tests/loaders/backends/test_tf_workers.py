@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from backend_helpers import assert_same_batches, process_alive
+from jaxfeed.loaders.backends import tf as tf_backend
 from jaxfeed.loaders.transform import TransformError
 from transform_helpers import augment_where_it_runs, encoded_digits, fail_on_row_7
 
@@ -70,6 +71,17 @@ def test_an_epoch_resumes_exactly_where_it_stopped(reference, with_workers):
     rest = list(with_workers.iter_epoch(1, start=2))
     assert_same_batches(_where(first + rest)[0], _where(reference[1])[0])
     assert list(with_workers.iter_epoch(1, start=with_workers.num_batches)) == []
+
+
+def test_each_epochs_pipeline_runs_without_tf_datas_autotuning(with_workers, monkeypatch):
+    # Its optimisation thread made deleting an epoch's iterator wait for the
+    # thread's next wake-up, up to ~1 s at random (docs/data.md); nothing is tuned.
+    built, make = [], tf_backend._from_generator
+    monkeypatch.setattr(
+        tf_backend, "_from_generator", lambda *args: built.append(make(*args)) or built[-1]
+    )
+    assert len(list(with_workers.iter_epoch(0))) == with_workers.num_batches
+    assert len(built) == 1 and built[0].options().autotune.enabled is False
 
 
 def test_a_transform_error_names_the_row_and_the_epoch():
