@@ -215,7 +215,7 @@ class _Reader:
                 )
             self._iterator, self.position = iter(ds), position
         try:
-            with children_ignore_stop_signals("grain"):  # Grain starts its workers at the first read
+            with children_ignore_stop_signals("grain"):  # Grain starts workers at the first read
                 batch = next(self._iterator)
         except BaseException:
             self.close()  # a failed iterator is not reused

@@ -302,7 +302,7 @@ def _from_generator(generate: Callable[[], Iterator[Any]], signature: Mapping[st
     has nothing to tune (no parallel map, no prefetch: the pool is the
     parallelism), and its optimisation thread made deleting each epoch's
     iterator wait for that thread's next wake-up, whose period grows with
-    the iterator's age: up to ~1 s per epoch, at random (docs/data.md)."""
+    the iterator's age: up to ~1 s per epoch, at random (benchmarks/README.md)."""
     tf = import_tensorflow()
     options = tf.data.Options()
     options.autotune.enabled = False

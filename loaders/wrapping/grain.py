@@ -163,7 +163,7 @@ def _in_grain_workers(read: Read, options: Any) -> Read:
         batches = iter(grain.MapDataset.source(list(plan)).map(one).to_iter_dataset()
                        .mp_prefetch(options))  # fmt: skip
         while True:
-            with children_ignore_stop_signals("grain"):  # Grain starts its workers at the first read
+            with children_ignore_stop_signals("grain"):  # Grain starts workers at the first read
                 batch = next(batches, None)
             if batch is None:
                 return

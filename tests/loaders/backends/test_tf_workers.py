@@ -75,7 +75,7 @@ def test_an_epoch_resumes_exactly_where_it_stopped(reference, with_workers):
 
 def test_each_epochs_pipeline_runs_without_tf_datas_autotuning(with_workers, monkeypatch):
     # Its optimisation thread made deleting an epoch's iterator wait for the
-    # thread's next wake-up, up to ~1 s at random (docs/data.md); nothing is tuned.
+    # thread's next wake-up, up to ~1 s at random (benchmarks/README.md); nothing is tuned.
     built, make = [], tf_backend._from_generator
     monkeypatch.setattr(
         tf_backend, "_from_generator", lambda *args: built.append(make(*args)) or built[-1]
