@@ -1,4 +1,5 @@
-"""The standard library's door: the processes of a process pool, and how a child leaves.
+"""The standard library's door: the processes of a process pool, how a
+spawned child is launched, and how a child leaves.
 
 Checked against Python 3.11.
 """
@@ -7,6 +8,8 @@ from __future__ import annotations
 
 import concurrent.futures
 import multiprocessing
+from collections.abc import Callable
+from typing import Any
 
 
 def pool_processes(pool: concurrent.futures.ProcessPoolExecutor) -> list[multiprocessing.Process]:
@@ -19,6 +22,27 @@ def pool_broken(pool: concurrent.futures.ProcessPoolExecutor) -> bool:
     """Whether a ``ProcessPoolExecutor`` lost a worker and takes no more work:
     it says so in the private ``_broken``."""
     return bool(getattr(pool, "_broken", False))
+
+
+def process_target(process: multiprocessing.process.BaseProcess) -> Any:
+    """The function ``process`` runs (``Process(target=...)``), which it keeps
+    in the private ``_target``; None for a ``Process`` subclass's own ``run``."""
+    return getattr(process, "_target", None)
+
+
+def around_spawn_launch(around: Callable[[Any, Callable[[], None]], None]) -> None:
+    """Has spawn launch every process through ``around(process, launch)``,
+    which must call ``launch()``: in the thread that starts ``process``, around
+    the fork and exec of its child and the sending of its pickled state. Spawn
+    (POSIX) launches in the private ``popen_spawn_posix.Popen._launch``."""
+    from multiprocessing import popen_spawn_posix
+
+    launch = popen_spawn_posix.Popen._launch
+
+    def launching(popen: Any, process: Any) -> None:
+        around(process, lambda: launch(popen, process))
+
+    popen_spawn_posix.Popen._launch = launching
 
 
 def name_shared_memory(prefix: str) -> None:

@@ -38,11 +38,12 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Generator, Iterable, Iterator
-from multiprocessing import popen_spawn_posix, spawn, util
+from collections.abc import Callable, Generator, Iterable, Iterator
+from multiprocessing import spawn, util
 from multiprocessing.context import SpawnContext, SpawnProcess
 from typing import Any, TypeVar
 
+from jaxfeed.loaders.frameworks import multiprocessing as multiprocessing_door
 from jaxfeed.loaders.frameworks.multiprocessing import run_exit_hooks
 
 T = TypeVar("T")
@@ -63,7 +64,7 @@ def _ignores_stop_signals(process: Any) -> bool:
     `children_ignore_stop_signals` context is open for."""
     if isinstance(process, _StopSignalsIgnoringProcess):
         return True
-    module = getattr(getattr(process, "_target", None), "__module__", None) or ""
+    module = getattr(multiprocessing_door.process_target(process), "__module__", None) or ""
     return any(module.partition(".")[0] == library for library in list(_IGNORING_LIBRARIES))
 
 
@@ -84,11 +85,11 @@ def _spawnv_passfds(*args: Any) -> int:
         signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
 
 
-def _launch(self: Any, process: Any) -> None:
-    """spawn's launch of ``process``, which this thread's hooks below see."""
+def _launching(process: Any, launch: Callable[[], None]) -> None:
+    """spawn's launch of ``process``, which this thread's hooks here see."""
     _LAUNCHING.process = process
     try:
-        _POPEN_LAUNCH(self, process)
+        launch()
     finally:
         _LAUNCHING.process = None
 
@@ -105,7 +106,6 @@ def _preparation_data(name: str) -> dict[str, Any]:
 
 
 _SPAWNV_PASSFDS = util.spawnv_passfds
-_POPEN_LAUNCH = popen_spawn_posix.Popen._launch
 _PREPARATION_DATA = spawn.get_preparation_data
 
 
@@ -115,7 +115,7 @@ def _hook_spawn() -> None:
     global _HOOKED
     with _HOOKS:
         if not _HOOKED:
-            popen_spawn_posix.Popen._launch = _launch
+            multiprocessing_door.around_spawn_launch(_launching)
             util.spawnv_passfds = _spawnv_passfds
             spawn.get_preparation_data = _preparation_data
             _HOOKED = True

@@ -98,11 +98,11 @@ def test_a_transform_error_names_the_row_and_the_epoch():
 # Reads a batch through 2 workers, says who they are, then waits for its end.
 _RUN = r"""
 import json, os, signal, sys
-# A terminal's Ctrl-C as a user's shell gives it: inside pytest this child may
-# inherit SIGINT ignored, while another thread of pytest's process is in spawn's
-# ignore window (issue 33's note: that window is process-wide).
+# Ctrl-C and SIGTERM as a terminal's shell gives them to a command: pytest may
+# itself run with SIGINT ignored (started by a script with `&`, or `nohup`),
+# and a child inherits that, with no KeyboardInterrupt.
 signal.signal(signal.SIGINT, signal.default_int_handler)
-signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the same window ignores SIGTERM
+signal.signal(signal.SIGTERM, signal.SIG_DFL)
 sys.path.insert(0, sys.argv[1])
 from jaxfeed import loaders
 from transform_helpers import encoded_digits, random_augment

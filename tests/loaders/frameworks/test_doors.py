@@ -390,6 +390,34 @@ def test_process_pool_processes():
         )
 
 
+def test_a_process_target():
+    process = multiprocessing.get_context("spawn").Process(target=os.getpid)
+    got = read("multiprocessing", "python", multiprocessing_door.process_target, process)
+    expect(got is os.getpid, "multiprocessing", "python", f"a process's _target is {got!r}")
+
+
+def test_spawn_launches_through_the_hook(monkeypatch):
+    from multiprocessing import popen_spawn_posix
+
+    monkeypatch.setattr(popen_spawn_posix.Popen, "_launch", popen_spawn_posix.Popen._launch)
+    launched = []
+
+    def around(process, launch):
+        launched.append(process)
+        launch()
+
+    read("multiprocessing", "python", multiprocessing_door.around_spawn_launch, around)
+    process = multiprocessing.get_context("spawn").Process(target=os.getpid)
+    process.start()
+    process.join(timeout=120)
+    expect(
+        launched == [process] and process.exitcode == 0,
+        "multiprocessing",
+        "python",
+        f"spawn's Popen._launch saw {launched!r}; the child's exit code {process.exitcode}",
+    )
+
+
 def test_shared_memory_names(monkeypatch):
     from multiprocessing import shared_memory
 
