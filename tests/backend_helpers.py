@@ -35,10 +35,20 @@ def assert_same_batches(got: list[dict], want: list[dict]) -> None:
 
 
 def free_port() -> int:
-    """A TCP port free on 127.0.0.1 now, for a loopback multi-process job."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A TCP port free on every address now, and the port after it too, for
+    a loopback multi-process job: process 0 listens on both (JAX's
+    coordinator, and the roll call on the next). The kernel picks the first
+    from the ephemeral range, where the next can be any connection's local
+    port (a CI run once failed on that)."""
+    while True:
+        with socket.socket() as first:
+            first.bind(("", 0))
+            port = first.getsockname()[1]
+            try:
+                with socket.create_server(("", port + 1)):
+                    return port
+            except OSError:
+                continue
 
 
 def process_alive(pid: int) -> bool:
