@@ -35,9 +35,16 @@ def around_spawn_launch(around: Callable[[Any, Callable[[], None]], None]) -> No
     which must call ``launch()``: in the thread that starts ``process``, around
     the fork and exec of its child and the sending of its pickled state. Spawn
     (POSIX) launches in the private ``popen_spawn_posix.Popen._launch``."""
+    import platform
     from multiprocessing import popen_spawn_posix
 
-    launch = popen_spawn_posix.Popen._launch
+    launch = vars(popen_spawn_posix.Popen).get("_launch")  # its own: fork's Popen has one too
+    if launch is None:
+        raise RuntimeError(
+            f"Python {platform.python_version()}'s spawn has no Popen._launch, where jaxfeed "
+            "keeps its workers' Ctrl-C and SIGTERM to their parent: "
+            "loaders/frameworks/multiprocessing.py needs updating for this Python"
+        )
 
     def launching(popen: Any, process: Any) -> None:
         around(process, lambda: launch(popen, process))

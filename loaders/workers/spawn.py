@@ -52,8 +52,14 @@ T = TypeVar("T")
 # What the workers leave to their parent.
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
-_LAUNCHING = threading.local()  # .process: the process object this thread is launching
-_IGNORING_LIBRARIES: collections.Counter[str] = collections.Counter()  # open contexts' libraries
+
+class _Launching(threading.local):
+    process: Any = None  # the process object this thread is launching
+
+
+_LAUNCHING = _Launching()
+# Open `children_ignore_stop_signals` contexts, by library.
+_IGNORING_LIBRARIES: collections.Counter[str] = collections.Counter()
 _HOOKS = threading.Lock()
 _HOOKED = False
 
@@ -65,7 +71,7 @@ def _ignores_stop_signals(process: Any) -> bool:
     if isinstance(process, _StopSignalsIgnoringProcess):
         return True
     module = getattr(multiprocessing_door.process_target(process), "__module__", None) or ""
-    return any(module.partition(".")[0] == library for library in list(_IGNORING_LIBRARIES))
+    return _IGNORING_LIBRARIES[module.partition(".")[0]] > 0  # (a Counter: 0 if absent)
 
 
 def _spawnv_passfds(*args: Any) -> int:
@@ -76,7 +82,7 @@ def _spawnv_passfds(*args: Any) -> int:
     ignores them, which discards them. Not ignored process-wide: a subprocess
     another thread starts at that instant would inherit the ignore, and be a
     command Ctrl-C cannot stop."""
-    if not _ignores_stop_signals(getattr(_LAUNCHING, "process", None)):
+    if not _ignores_stop_signals(_LAUNCHING.process):
         return _SPAWNV_PASSFDS(*args)
     blocked = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
     try:
@@ -99,7 +105,7 @@ def _preparation_data(name: str) -> dict[str, Any]:
     without the parent's main module (``init_main_from_*``) for a
     `SPAWN_WITHOUT_MAIN` child."""
     data = _PREPARATION_DATA(name)
-    if isinstance(getattr(_LAUNCHING, "process", None), _MainlessProcess):
+    if isinstance(_LAUNCHING.process, _MainlessProcess):
         data.pop("init_main_from_name", None)
         data.pop("init_main_from_path", None)
     return data
@@ -113,6 +119,8 @@ def _hook_spawn() -> None:
     """Installs the hooks above into Python 3.11-3.13's spawn, once: they
     change nothing for a process that is not jaxfeed's or an open context's."""
     global _HOOKED
+    if _HOOKED:  # (every batch a Grain reader reads opens a context)
+        return
     with _HOOKS:
         if not _HOOKED:
             multiprocessing_door.around_spawn_launch(_launching)
@@ -136,8 +144,6 @@ def children_ignore_stop_signals(library: str) -> Iterator[None]:
     finally:
         with _HOOKS:
             _IGNORING_LIBRARIES[library] -= 1
-            if not _IGNORING_LIBRARIES[library]:
-                del _IGNORING_LIBRARIES[library]
 
 
 def _ignore_stop_signals() -> None:

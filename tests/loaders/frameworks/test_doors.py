@@ -418,6 +418,14 @@ def test_spawn_launches_through_the_hook(monkeypatch):
     )
 
 
+def test_a_spawn_without_its_launch_is_named(monkeypatch):
+    from multiprocessing import popen_spawn_posix
+
+    monkeypatch.delattr(popen_spawn_posix.Popen, "_launch")
+    with pytest.raises(RuntimeError, match=r"spawn has no Popen\._launch.*frameworks/multipro"):
+        multiprocessing_door.around_spawn_launch(lambda process, launch: launch())
+
+
 def test_shared_memory_names(monkeypatch):
     from multiprocessing import shared_memory
 
