@@ -240,7 +240,7 @@ def thread_counts() -> tuple[float, ...]:
 def measure(args: argparse.Namespace) -> dict:
     """One backend, order and temperature, in this (fresh) process."""
     import psutil
-    from jaxfeed.loaders.workers import disk_read_ahead
+    from jaxfeed.loaders._io import disk_read_ahead
 
     disk_read_ahead.POPULATE = args.populate == "on"
     peak = {"RssAnon:": 0, "RssFile:": 0}

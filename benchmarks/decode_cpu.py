@@ -39,8 +39,8 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=128)
     args = parser.parse_args()
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    from jaxfeed.loaders._doors.tf import import_tensorflow
     from jaxfeed.loaders.data import encoded
-    from jaxfeed.loaders.frameworks.tf import import_tensorflow
 
     from jaxfeed import loaders
     from jaxfeed.compare.workloads.decode.idioms import Records, tf_native_augment

@@ -5,7 +5,7 @@ training script holds them (the train source, and a validation source read
 between its epochs), each run in a fresh process, rows interleaved:
 
 - ``shared``: the validation loader is made while the train loader is open:
-  it joins the train loader's worker pool (`jaxfeed.loaders.workers.shared_pool`).
+  it joins the train loader's worker pool (`jaxfeed.loaders._workers.shared_pool`).
 - ``own workers``: the train loader is closed first, so the validation loader
   starts workers of its own: what every loader paid before the pool was shared
   (one pool per loader; here the train pool is gone, which spares the cores).
@@ -46,7 +46,7 @@ def noisy_scale(record: dict, rng: np.random.Generator) -> dict:
 def measure(case: dict[str, Any]) -> dict[str, Any]:
     """One row in this process: seconds to each first batch and the
     validation epoch, worker processes started, and the workers' CPU seconds."""
-    from jaxfeed.loaders.frameworks.multiprocessing import pool_processes
+    from jaxfeed.loaders._doors.multiprocessing import pool_processes
 
     from jaxfeed import loaders
 

@@ -29,7 +29,7 @@ def main() -> None:
     parser.add_argument("--step", type=float, default=0.025, help="seconds between elements")
     args = parser.parse_args()
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    from jaxfeed.loaders.frameworks.tf import import_tensorflow
+    from jaxfeed.loaders._doors.tf import import_tensorflow
 
     tf = import_tensorflow()
     batch = np.zeros((128, 56, 56, 3), np.float32)

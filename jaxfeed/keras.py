@@ -42,8 +42,8 @@ from typing import Any
 
 import numpy as np
 
+from jaxfeed.loaders._doors import keras as keras_door
 from jaxfeed.loaders.checks import check_position
-from jaxfeed.loaders.frameworks import keras as keras_door
 from jaxfeed.loaders.protocol import MASK_KEY, Batch, BatchSource, SkipsDataState
 from jaxfeed.sharding import DeviceFeed
 

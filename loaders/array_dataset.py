@@ -9,9 +9,9 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
+from jaxfeed.loaders._io.mapped_files import memmap_of
 from jaxfeed.loaders.bytes_field import BytesField
 from jaxfeed.loaders.protocol import MASK_KEY
-from jaxfeed.loaders.workers.mapped_files import memmap_of
 
 __all__ = ["ArrayDataset"]
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-from jaxfeed.loaders.workers.mapped_files import for_pickle, from_pickle
+from jaxfeed.loaders._io.mapped_files import for_pickle, from_pickle
 
 __all__ = ["BytesField"]
 

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
-from jaxfeed.loaders.workers.mapped_files import for_pickle, from_pickle
+from jaxfeed.loaders._io.mapped_files import for_pickle, from_pickle
 
 __all__ = ["ArrayRows", "pad_rows"]
 

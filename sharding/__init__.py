@@ -5,8 +5,8 @@ device, many devices, many hosts), the prefetching device feed, and the check
 that the processes of a job agree before they train.
 """
 
-from jaxfeed.sharding.agreement import announce_failure, check_agreement
-from jaxfeed.sharding.distributed import initialize
+from jaxfeed.sharding.job.agreement import announce_failure, check_agreement
+from jaxfeed.sharding.job.distributed import initialize
 from jaxfeed.sharding.mesh import DATA_AXIS, batch_sharding, data_mesh
 from jaxfeed.sharding.placement import place_batch
 from jaxfeed.sharding.prefetch import DeviceFeed

@@ -26,8 +26,8 @@ from typing import Any
 import jax
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
+from jaxfeed.loaders._io.read_ahead import END, POLL_SECONDS, pump
 from jaxfeed.loaders.protocol import BatchSource, host_fields
-from jaxfeed.loaders.workers.read_ahead import END, POLL_SECONDS, pump
 from jaxfeed.sharding.mesh import batch_sharding
 from jaxfeed.sharding.placement import (
     check_global_batch_divides_mesh,

@@ -39,7 +39,7 @@ import numpy as np
 os.environ.setdefault("KERAS_BACKEND", "jax")  # Keras picks its backend when imported
 import jax
 import keras
-from jaxfeed.loaders.frameworks.tf import import_tensorflow
+from jaxfeed.loaders._doors.tf import import_tensorflow
 
 import jaxfeed
 from jaxfeed.compare.workloads.copy.keras_fit import build_model

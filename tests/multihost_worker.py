@@ -25,7 +25,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import jax
 import numpy as np
 from jax.experimental import multihost_utils
-from jaxfeed.sharding.distributed import exit_now
+from jaxfeed.sharding.job.distributed import exit_now
 
 from jaxfeed import loaders, sharding
 from jaxfeed.mnist import TrainConfig, train

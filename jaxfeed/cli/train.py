@@ -224,7 +224,7 @@ def _lost_peer(err: Exception) -> str | None:
     ("" when the pause watch has said it)."""
     import jax
 
-    from jaxfeed.sharding.distributed import paused_too_long
+    from jaxfeed.sharding.job.distributed import paused_too_long
 
     lost = isinstance(err, TimeoutError) or (
         isinstance(err, jax.errors.JaxRuntimeError) and "gloo" in str(err).lower()
@@ -312,7 +312,7 @@ def run_train(args: argparse.Namespace) -> int:
     from jaxfeed.loaders.data.on_disk import MissingSplitError
     from jaxfeed.mnist.train import train
     from jaxfeed.sharding import announce_failure, check_agreement, data_mesh, initialize
-    from jaxfeed.sharding.distributed import exit_now
+    from jaxfeed.sharding.job.distributed import exit_now
     from jaxfeed.training.checkpoint import Checkpointing
     from jaxfeed.training.loop import run_settings
 

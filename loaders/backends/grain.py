@@ -20,17 +20,17 @@ from typing import Any
 
 import grain
 import numpy as np
+from jaxfeed.loaders._doors.grain import mark_absl_flags_parsed
+from jaxfeed.loaders._doors.tf import import_tfds
+from jaxfeed.loaders._workers.owned_segments import worker_init
+from jaxfeed.loaders._workers.spawn import children_ignore_stop_signals
 from jaxfeed.loaders.array_dataset import ArrayDataset, narrowed
 from jaxfeed.loaders.backends.sampled_source import SampledSource
 from jaxfeed.loaders.backends.tfds_store import split_name, store
-from jaxfeed.loaders.frameworks.grain import mark_absl_flags_parsed
-from jaxfeed.loaders.frameworks.tf import import_tfds
 from jaxfeed.loaders.protocol import Batch
 from jaxfeed.loaders.rows import ArrayRows
 from jaxfeed.loaders.sampler import Sampler
 from jaxfeed.loaders.transform import RecordTransform
-from jaxfeed.loaders.workers.owned_segments import worker_init
-from jaxfeed.loaders.workers.spawn import children_ignore_stop_signals
 
 SOURCES = ("memory", "tfds", "files")
 OPTIONS = ("order", "source", "num_workers", "num_threads")

@@ -35,6 +35,7 @@ from typing import Any, BinaryIO
 import datasets
 import numpy as np
 import pyarrow as pa
+from jaxfeed.loaders._io.disk_read_ahead import MappedRows
 from jaxfeed.loaders.array_dataset import ArrayDataset
 from jaxfeed.loaders.backends.sampled_source import SampledSource
 from jaxfeed.loaders.bytes_field import BytesField
@@ -42,7 +43,6 @@ from jaxfeed.loaders.data import superseded
 from jaxfeed.loaders.data.cache import build_once, cache_entry
 from jaxfeed.loaders.sampler import Sampler
 from jaxfeed.loaders.transform import RecordTransform
-from jaxfeed.loaders.workers.disk_read_ahead import MappedRows
 from tqdm import tqdm
 
 OPTIONS = ("order", "read", "num_workers")

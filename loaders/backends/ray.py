@@ -23,13 +23,13 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
+from jaxfeed.loaders._workers import ray_instance
 from jaxfeed.loaders.backends.sampled_source import SampledSource
 from jaxfeed.loaders.checks import check_int
 from jaxfeed.loaders.data.catalog import ArrayDataset
 from jaxfeed.loaders.rows import ArrayRows
 from jaxfeed.loaders.sampler import Sampler
 from jaxfeed.loaders.transform import RecordTransform
-from jaxfeed.loaders.workers import ray_instance
 
 # How often Ray runs a task again after its worker or node died.
 MAX_RETRIES = 3

@@ -12,6 +12,9 @@ import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
+from jaxfeed.loaders._io.disk_read_ahead import DiskReadAhead, MappedRows, mapped_rows
+from jaxfeed.loaders._io.mapped_files import advise, file_rows
+from jaxfeed.loaders._workers.record_pool import RecordPool, RowReader
 from jaxfeed.loaders.array_dataset import ArrayDataset
 from jaxfeed.loaders.bytes_field import BytesField
 from jaxfeed.loaders.checks import check_workers
@@ -19,9 +22,6 @@ from jaxfeed.loaders.protocol import MASK_KEY, ArraySpec, Batch
 from jaxfeed.loaders.rows import pad_rows
 from jaxfeed.loaders.sampler import Sampler
 from jaxfeed.loaders.transform import RecordTransform
-from jaxfeed.loaders.workers.disk_read_ahead import DiskReadAhead, MappedRows, mapped_rows
-from jaxfeed.loaders.workers.mapped_files import advise, file_rows
-from jaxfeed.loaders.workers.record_pool import RecordPool, RowReader
 
 
 class SampledSource(abc.ABC):
@@ -167,7 +167,7 @@ class SampledSource(abc.ABC):
     def _advise(self, random_order: bool) -> None:
         """Page-sized reads of on-disk rows for a random order of data that the
         page cache cannot hold, read-around otherwise
-        (`jaxfeed.loaders.workers.mapped_files.advise`). Read-around warms data that
+        (`jaxfeed.loaders._io.mapped_files.advise`). Read-around warms data that
         fits in memory faster (measured, 1M rows read cold: numpy 1.4M rows/s
         with it, grain 547k without); past memory it reads ~3 MB per random
         row. Block order past memory reads pages too: `DiskReadAhead` asks

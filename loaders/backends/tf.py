@@ -24,17 +24,17 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
+from jaxfeed.loaders._doors.tf import import_tensorflow, import_tfds
+from jaxfeed.loaders._io.mapped_files import file_rows
+from jaxfeed.loaders._workers.record_pool import RecordPool
 from jaxfeed.loaders.array_dataset import ArrayDataset
 from jaxfeed.loaders.backends.sampled_source import SampledSource
 from jaxfeed.loaders.backends.tfds_store import split_name, store
 from jaxfeed.loaders.bytes_field import BytesField
 from jaxfeed.loaders.checks import check_workers
-from jaxfeed.loaders.frameworks.tf import import_tensorflow, import_tfds
 from jaxfeed.loaders.rows import ArrayRows
 from jaxfeed.loaders.sampler import Sampler
 from jaxfeed.loaders.transform import RecordTransform
-from jaxfeed.loaders.workers.mapped_files import file_rows
-from jaxfeed.loaders.workers.record_pool import RecordPool
 
 OPTIONS = ("order", "num_workers")
 

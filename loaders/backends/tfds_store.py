@@ -5,7 +5,7 @@ Both the tf backend (``tfrecord``, read by ``tf.data``) and the Grain backend's
 ``tfds.data_source``) read their split from here. The copy is built once
 under ``cache_root()/tfds/`` by `jaxfeed.loaders.data.cache.build_once`, keyed by content
 and by the writing tensorflow-datasets version, and checked against its manifest on
-every open. TF and TFDS are imported quietly by the tf door (`jaxfeed.loaders.frameworks.tf`).
+every open. TF and TFDS are imported quietly by the tf door (`jaxfeed.loaders._doors.tf`).
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+from jaxfeed.loaders._doors.tf import import_tfds, no_gcs_lookups, temporary_files_in
 from jaxfeed.loaders.array_dataset import ArrayDataset
 from jaxfeed.loaders.data.cache import build_once, cache_entry
-from jaxfeed.loaders.frameworks.tf import import_tfds, no_gcs_lookups, temporary_files_in
 
 __all__ = [
     "TFDS_NAME",

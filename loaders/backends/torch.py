@@ -7,9 +7,9 @@ through untouched: no per-sample reads, no per-sample collation, and the
 batches stay numpy arrays (no round trip through torch tensors). A worker
 hands each batch back in shared memory, not pickled through torch's pipe:
 it gathers the rows straight into a slot of the epoch's ring
-(`jaxfeed.loaders.workers.batch_ring`) that came with its index batch, and
+(`jaxfeed.loaders._workers.batch_ring`) that came with its index batch, and
 this process copies them out and frees the slot; a batch goes as a file
-(`jaxfeed.loaders.workers.shared_batches`) only when the ring is full.
+(`jaxfeed.loaders._workers.shared_batches`) only when the ring is full.
 Pickling through the pipe, and then a file per batch (its pages allocated
 and freed every batch), each cost more CPU per GB than the gather itself
 (benchmarks/README.md, bigger_than_memory.py).
@@ -19,7 +19,7 @@ Workers (``num_workers > 0``) are started with ``multiprocessing_context=
 As with any spawn-based DataLoader, a script that iterates the loader at
 module top level needs an ``if __name__ == "__main__":`` guard. A worker
 that dies (killed, out of memory) is an error within a fraction of a
-second on any thread: see `jaxfeed.loaders.workers.torch_epochs`, which
+second on any thread: see `jaxfeed.loaders._workers.torch_epochs`, which
 ``loaders.wrap`` uses too.
 """
 
@@ -30,15 +30,15 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
+from jaxfeed.loaders._workers import batch_ring, shared_batches
+from jaxfeed.loaders._workers.main_script import from_main
+from jaxfeed.loaders._workers.spawn import SPAWN, SPAWN_WITHOUT_MAIN
+from jaxfeed.loaders._workers.torch_epochs import EpochLoaders, keep_batch
 from jaxfeed.loaders.array_dataset import ArrayDataset
 from jaxfeed.loaders.backends.sampled_source import SampledSource
 from jaxfeed.loaders.rows import ArrayRows
 from jaxfeed.loaders.sampler import Sampler
 from jaxfeed.loaders.transform import RecordTransform
-from jaxfeed.loaders.workers import batch_ring, shared_batches
-from jaxfeed.loaders.workers.main_script import from_main
-from jaxfeed.loaders.workers.spawn import SPAWN, SPAWN_WITHOUT_MAIN
-from jaxfeed.loaders.workers.torch_epochs import EpochLoaders, keep_batch
 from torch.utils import data as torch_data
 
 OPTIONS = ("order", "num_workers", "prefetch_factor", "persistent_workers")
@@ -51,7 +51,7 @@ class ArrayTorchDataset(ArrayRows, torch_data.Dataset):
     With a transform, an index batch comes as ``(epoch, indices)`` and the
     transform runs here, in the DataLoader's workers, record by record.
     Given a ``handoff`` directory, a worker hands every batch back as a file
-    there (`jaxfeed.loaders.workers.shared_batches`: megabytes of batch
+    there (`jaxfeed.loaders._workers.shared_batches`: megabytes of batch
     through torch's pipe halved what 2 workers gave).
     """
 
@@ -186,7 +186,7 @@ class TorchSource(SampledSource):
         if num_workers > 0:
             options.update(
                 # Spawned: a fork of a process running JAX/XLA threads can deadlock; the
-                # workers leave Ctrl-C to this process (`loaders.workers.spawn`) and skip the
+                # workers leave Ctrl-C to this process (`loaders._workers.spawn`) and skip the
                 # main script (its JAX imports) unless the transform comes from it.
                 multiprocessing_context=(
                     SPAWN if from_main(self.torch_dataset) else SPAWN_WITHOUT_MAIN

@@ -27,8 +27,8 @@ from importlib import metadata
 from pathlib import Path
 
 import numpy as np
+from jaxfeed.loaders._io.owner_lock import hold, owner_gone
 from jaxfeed.loaders.data.on_disk import HASH, content_digest, digest_of_bytes
-from jaxfeed.loaders.workers.owner_lock import hold, owner_gone
 
 __all__ = [
     "CACHE_ENV",

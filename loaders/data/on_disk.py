@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from jaxfeed.loaders.workers.mapped_files import FileRows, file_rows
+from jaxfeed.loaders._io.mapped_files import FileRows, file_rows
 
 __all__ = [
     "MissingSplitError",

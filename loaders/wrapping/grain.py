@@ -18,8 +18,8 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
-from jaxfeed.loaders.frameworks import grain as grain_door
-from jaxfeed.loaders.workers.spawn import children_ignore_stop_signals
+from jaxfeed.loaders._doors import grain as grain_door
+from jaxfeed.loaders._workers.spawn import children_ignore_stop_signals
 from jaxfeed.loaders.wrapping.epochs import Epochs, WrapSettings
 from jaxfeed.loaders.wrapping.random_access import (
     RandomAccess,

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from jaxfeed.loaders.frameworks.ray import random_steps
+from jaxfeed.loaders._doors.ray import random_steps
 from jaxfeed.loaders.wrapping.epochs import Epochs, WrapSettings
 from jaxfeed.loaders.wrapping.streams import (
     IterCursor,

@@ -24,7 +24,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
-from jaxfeed.loaders.frameworks import tf as tf_door
+from jaxfeed.loaders._doors import tf as tf_door
 from jaxfeed.loaders.wrapping.epochs import Epochs, WrapSettings
 from jaxfeed.loaders.wrapping.random_access import RandomAccess, sampled_epochs, stack
 from jaxfeed.loaders.wrapping.raw_batches import map_leaves

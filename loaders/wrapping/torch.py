@@ -33,10 +33,10 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
-from jaxfeed.loaders.frameworks.torch import loader_workers
-from jaxfeed.loaders.workers.main_script import main_script_uses, rerun_problem
-from jaxfeed.loaders.workers.spawn import SPAWN, SPAWN_WITHOUT_MAIN, reported_start, start_method
-from jaxfeed.loaders.workers.torch_epochs import EpochLoaders, iterate
+from jaxfeed.loaders._doors.torch import loader_workers
+from jaxfeed.loaders._workers.main_script import main_script_uses, rerun_problem
+from jaxfeed.loaders._workers.spawn import SPAWN, SPAWN_WITHOUT_MAIN, reported_start, start_method
+from jaxfeed.loaders._workers.torch_epochs import EpochLoaders, iterate
 from jaxfeed.loaders.wrapping.epochs import Epochs, WrapSettings
 from jaxfeed.loaders.wrapping.random_access import (
     RandomAccess,

@@ -18,7 +18,7 @@ import numpy as np
 import optax
 import pytest
 from flax import nnx
-from jaxfeed.loaders.frameworks.tf import import_tensorflow
+from jaxfeed.loaders._doors.tf import import_tensorflow
 
 import jaxfeed
 from jaxfeed.training.padding_check import PaddingCountedWarning

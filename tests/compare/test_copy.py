@@ -13,8 +13,8 @@ import re
 
 import numpy as np
 import pytest
+from jaxfeed.loaders._doors.tf import import_tensorflow
 from jaxfeed.loaders.backends import registry
-from jaxfeed.loaders.frameworks.tf import import_tensorflow
 
 from jaxfeed import loaders
 from jaxfeed.cli import main

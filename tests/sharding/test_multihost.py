@@ -26,7 +26,7 @@ from conftest import sample_digits
 from jaxfeed.loaders.data.idx import read_idx, write_idx
 from jaxfeed.loaders.data.mnist import T10K_LABELS
 from jaxfeed.sharding import data_mesh
-from jaxfeed.sharding.agreement import disagreements
+from jaxfeed.sharding.job.agreement import disagreements
 
 from jaxfeed import loaders, sharding
 from jaxfeed.mnist import TrainConfig, train

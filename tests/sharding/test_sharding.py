@@ -319,7 +319,7 @@ def test_a_coordinator_port_in_use_is_refused_by_process_0():
 def test_a_roll_call_port_in_use_is_refused_by_process_0():
     import socket
 
-    from jaxfeed.sharding.roll_call import RollCall
+    from jaxfeed.sharding.job.roll_call import RollCall
 
     with socket.create_server(("", 0)) as busy:
         port = busy.getsockname()[1]
@@ -329,7 +329,7 @@ def test_a_roll_call_port_in_use_is_refused_by_process_0():
 
 def test_the_roll_call_grants_each_id_once_while_its_holder_lives():
     from backend_helpers import free_port
-    from jaxfeed.sharding.roll_call import RollCall, claim_id
+    from jaxfeed.sharding.job.roll_call import RollCall, claim_id
 
     port = free_port()
     RollCall(port, num_processes=3)

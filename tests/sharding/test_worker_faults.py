@@ -44,7 +44,7 @@ def make_source():
         )
     import torch
     from jaxfeed.loaders.backends import torch as torch_backend
-    from jaxfeed.loaders.workers.torch_epochs import keep_batch
+    from jaxfeed.loaders._workers.torch_epochs import keep_batch
 
     data = loaders.load_dataset(case["dataset"], "test")
     loader = torch.utils.data.DataLoader(

@@ -6,7 +6,7 @@ memory-mapped: a numeric field as an array of rows, a bytes field as a
 Row ``i`` of every field is then a fixed place on disk, so every backend
 reads every format in the shared sampler's order (random access, exact
 ``start``) without holding the data in memory, and worker processes get the
-fields by path (`jaxfeed.loaders.workers.mapped_files`).
+fields by path (`jaxfeed.loaders._io.mapped_files`).
 """
 
 from __future__ import annotations

@@ -5,9 +5,9 @@ import textwrap
 
 import pytest
 from backend_helpers import indexed_dataset
+from jaxfeed.loaders._doors import tf as tf_door
 from jaxfeed.loaders.backends import tfds_store
 from jaxfeed.loaders.data import cache
-from jaxfeed.loaders.frameworks import tf as tf_door
 
 # What tensorflow_datasets' own __init__ does when one of its imports fails
 # (e.g. protobuf's VersionError from a mismatched tensorflow-metadata): it logs

@@ -6,8 +6,8 @@ import re
 
 import numpy as np
 import pytest
+from jaxfeed.loaders._workers import shared_batches
 from jaxfeed.loaders.backends import torch as torch_backend
-from jaxfeed.loaders.workers import shared_batches
 
 from jaxfeed import loaders
 
@@ -155,7 +155,7 @@ def test_workers_hand_back_files_in_both_orders(deadlock_guard):
 
 
 def test_rows_gather_straight_into_a_ring_slot_and_come_back_identical(tmp_path):
-    from jaxfeed.loaders.workers import batch_ring
+    from jaxfeed.loaders._workers import batch_ring
 
     arrays = {"x": np.arange(60, dtype=np.uint8).reshape(20, 3), "y": np.arange(20.0)}
     dataset = torch_backend.ArrayTorchDataset(arrays, handoff=str(tmp_path))
@@ -181,7 +181,7 @@ def test_rows_gather_straight_into_a_ring_slot_and_come_back_identical(tmp_path)
 
 
 def test_workers_hand_batches_back_through_the_ring_and_leave_nothing(monkeypatch, deadlock_guard):
-    from jaxfeed.loaders.workers import batch_ring
+    from jaxfeed.loaders._workers import batch_ring
 
     collected = []
     collect = batch_ring.BatchRing.collect

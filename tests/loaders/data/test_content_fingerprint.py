@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from jaxfeed.loaders.data import on_disk
 from jaxfeed.loaders.data.cache import CONTENT_MEMO, cache_root, fingerprint
-from jaxfeed.sharding.agreement import disagreements
+from jaxfeed.sharding.job.agreement import disagreements
 
 from jaxfeed import loaders
 from jaxfeed.cli.train import _agreed_settings

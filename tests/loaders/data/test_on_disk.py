@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from backend_helpers import assert_same_batches
-from jaxfeed.loaders.workers.mapped_files import file_rows
+from jaxfeed.loaders._io.mapped_files import file_rows
 
 from jaxfeed import loaders
 

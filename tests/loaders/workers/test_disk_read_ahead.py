@@ -10,12 +10,12 @@ import time
 
 import numpy as np
 import pytest
+from jaxfeed.loaders._io import disk_read_ahead
+from jaxfeed.loaders._io.disk_read_ahead import DiskReadAhead, mapped_rows
+from jaxfeed.loaders._io.mapped_files import MADV_POPULATE_READ, memmap_of
+from jaxfeed.loaders._io.read_depth import ReadDepth
 from jaxfeed.loaders.backends import sampled_source
 from jaxfeed.loaders.sampler import Sampler
-from jaxfeed.loaders.workers import disk_read_ahead
-from jaxfeed.loaders.workers.disk_read_ahead import DiskReadAhead, mapped_rows
-from jaxfeed.loaders.workers.mapped_files import MADV_POPULATE_READ, memmap_of
-from jaxfeed.loaders.workers.read_depth import ReadDepth
 
 from jaxfeed import loaders
 

@@ -6,7 +6,7 @@ import sys
 
 SCRIPT = """
 import json
-from jaxfeed.loaders.workers.main_script import (
+from jaxfeed.loaders._workers.main_script import (
     from_main, main_script_names, main_script_uses, rerun_problem)
 
 class Local:

@@ -4,7 +4,7 @@ import pickle
 
 import numpy as np
 import pytest
-from jaxfeed.loaders.workers.mapped_files import advise, for_pickle, from_pickle
+from jaxfeed.loaders._io.mapped_files import advise, for_pickle, from_pickle
 
 from jaxfeed import loaders
 

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 from backend_helpers import process_alive
-from jaxfeed.loaders.workers import owned_segments, owner_lock, shared_batches
+from jaxfeed.loaders._io import owner_lock
+from jaxfeed.loaders._workers import owned_segments, shared_batches
 
 TESTS = Path(__file__).resolve().parents[2]
 
@@ -99,7 +100,7 @@ _LATE = r"""
 import sys
 sys.path.insert(0, sys.argv[2])
 from backend_helpers import StartsAfter
-from jaxfeed.loaders.workers.spawn import SPAWN
+from jaxfeed.loaders._workers.spawn import SPAWN
 
 child = SPAWN.Process(target=StartsAfter(sys.argv[1]))
 child.start()
@@ -162,7 +163,7 @@ _GRAIN_RUN = r"""
 import glob, json, os, sys
 sys.path.insert(0, sys.argv[1])
 from jaxfeed import loaders
-from jaxfeed.loaders.workers import owned_segments
+from jaxfeed.loaders._workers import owned_segments
 from transform_helpers import encoded_digits, random_augment
 
 source = loaders.make("grain", dataset=encoded_digits(64), batch_size=4,
@@ -270,7 +271,7 @@ sys.stdin.read()
 
 @pytest.mark.slow
 def test_a_killed_tf_run_leaves_no_autograph_file(tmp_path):
-    from jaxfeed.loaders.frameworks.tf import AUTOGRAPH_PREFIX
+    from jaxfeed.loaders._doors.tf import AUTOGRAPH_PREFIX
 
     run = subprocess.Popen(
         [sys.executable, "-c", _TF_RUN, str(TESTS)],

@@ -1,7 +1,7 @@
 """The read-ahead's depth follows the throughput it sees (a fake clock and disk)."""
 
-from jaxfeed.loaders.workers import read_depth
-from jaxfeed.loaders.workers.read_depth import ReadDepth
+from jaxfeed.loaders._io import read_depth
+from jaxfeed.loaders._io.read_depth import ReadDepth
 
 
 class FakeDisk:

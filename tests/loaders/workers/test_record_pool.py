@@ -10,8 +10,8 @@ import time
 import numpy as np
 import pytest
 from backend_helpers import assert_same_batches
+from jaxfeed.loaders._workers import shared_batches
 from jaxfeed.loaders.transform import RecordTransform
-from jaxfeed.loaders.workers import shared_batches
 from transform_helpers import encoded_digits, random_augment
 
 from jaxfeed import loaders

@@ -16,7 +16,7 @@ import tempfile
 import numpy as np
 import pytest
 from backend_helpers import assert_same_batches, process_alive
-from jaxfeed.loaders.workers import shared_pool
+from jaxfeed.loaders._workers import shared_pool
 from transform_helpers import augment_where_it_runs, encoded_digits, noise_where_it_runs
 
 from jaxfeed import loaders

@@ -10,8 +10,8 @@ import subprocess
 import threading
 
 import pytest
-from jaxfeed.loaders.workers import spawn
-from jaxfeed.loaders.workers.spawn import SPAWN, children_ignore_stop_signals, raise_if_dead
+from jaxfeed.loaders._workers import spawn
+from jaxfeed.loaders._workers.spawn import SPAWN, children_ignore_stop_signals, raise_if_dead
 
 
 @pytest.mark.parametrize(

@@ -5,8 +5,8 @@ import faulthandler
 
 import numpy as np
 import pytest
+from jaxfeed.loaders._workers.torch_epochs import iterate, keep_batch
 from jaxfeed.loaders.backends import torch as torch_backend
-from jaxfeed.loaders.workers.torch_epochs import iterate, keep_batch
 
 from jaxfeed import loaders
 

@@ -89,7 +89,7 @@ def _rows_pipeline(tf):
 
 
 def test_an_unseeded_tf_shuffle_is_refused_for_an_exact_resume_by_name():
-    from jaxfeed.loaders.frameworks.tf import import_tensorflow
+    from jaxfeed.loaders._doors.tf import import_tensorflow
 
     tf = import_tensorflow()
     unseeded = jaxfeed.wrap(_rows_pipeline(tf).shuffle(16).batch(8))  # TF's tutorial pipeline
@@ -113,7 +113,7 @@ def test_fit_with_checkpoints_refuses_a_pipeline_it_cannot_checkpoint_at_its_fir
     tmp_path,
 ):
     import jax.numpy as jnp
-    from jaxfeed.loaders.frameworks.tf import import_tensorflow
+    from jaxfeed.loaders._doors.tf import import_tensorflow
 
     tf = import_tensorflow()
     noise = tf.random.Generator.from_seed(1)  # TF's tutorial's augmentation option

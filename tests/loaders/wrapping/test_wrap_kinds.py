@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from backend_helpers import assert_same_batches
-from jaxfeed.loaders.frameworks.tf import import_tensorflow
+from jaxfeed.loaders._doors.tf import import_tensorflow
 from jaxfeed.loaders.sampler import Sampler
 from wrap_worker import ArraysDataset, B, N, Records, make_arrays
 
@@ -120,8 +120,8 @@ def _hf_dataset(arrays, monkeypatch):
 @pytest.fixture(scope="module")
 def tfds_source_dir(tmp_path_factory, arrays):
     """The arrays stored as a TFDS dataset in array_record format."""
+    from jaxfeed.loaders._doors.tf import import_tfds
     from jaxfeed.loaders.backends.tfds_store import quiet_build
-    from jaxfeed.loaders.frameworks.tf import import_tfds
 
     tfds = import_tfds()
     features = tfds.features.FeaturesDict(
@@ -147,7 +147,7 @@ def tfds_source_dir(tmp_path_factory, arrays):
 
 
 def _tfds_source(tfds_source_dir, monkeypatch):
-    from jaxfeed.loaders.frameworks.tf import import_tfds
+    from jaxfeed.loaders._doors.tf import import_tfds
 
     source = import_tfds().builder_from_directory(tfds_source_dir).as_data_source("train")
     reads = []

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from jaxfeed.loaders.frameworks.tf import import_tensorflow
+from jaxfeed.loaders._doors.tf import import_tensorflow
 from wrap_worker import ArraysDataset, B, N, make_arrays
 
 from jaxfeed import loaders

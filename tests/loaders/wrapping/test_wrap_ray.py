@@ -10,7 +10,7 @@ import json
 import numpy as np
 import pytest
 from backend_helpers import assert_same_batches
-from jaxfeed.loaders.frameworks import ray as ray_door
+from jaxfeed.loaders._doors import ray as ray_door
 from ray_helpers import worker_env
 
 from jaxfeed import loaders
@@ -118,7 +118,7 @@ def test_two_processes_each_read_their_split(ray):
 
 def test_the_door_reads_a_pipelines_random_steps(ray):
     steps = ray_door.random_steps(_pipeline(ray, seed=7).randomize_block_order())
-    version = f"ray {ray.__version__}: see loaders/frameworks/ray.py"
+    version = f"ray {ray.__version__}: see loaders/_doors/ray.py"
     assert steps == [
         ray_door.RandomStep("RandomShuffle", 7, False),
         ray_door.RandomStep("RandomizeBlockOrder", None, False),

@@ -140,7 +140,7 @@ def _torch(images: np.ndarray, labels: np.ndarray, batch_size: int, seed: int) -
 
 
 def _tf(images: np.ndarray, labels: np.ndarray, batch_size: int, seed: int) -> Baseline:
-    from jaxfeed.loaders.frameworks.tf import import_tensorflow  # quiet, GPU-free
+    from jaxfeed.loaders._doors.tf import import_tensorflow  # quiet, GPU-free
 
     tf = import_tensorflow()
     ds = (

@@ -164,7 +164,7 @@ def grain_mapdataset(records: Records, batch_size: int, seed: int, workers: int)
     options (16 threads in each process)."""
     import grain
 
-    from jaxfeed.loaders.frameworks.grain import mark_absl_flags_parsed
+    from jaxfeed.loaders._doors.grain import mark_absl_flags_parsed
 
     rows = [records.record(i) for i in range(len(records))]
     ds = grain.MapDataset.source(rows).seed(seed).shuffle().repeat(None)
@@ -183,7 +183,7 @@ def tf_native_augment(seed: int) -> Callable[[Any, Any], tuple[Any, Any]]:
     """tf.data's idiom's per-record function: ``(png, label) -> (image, label)``
     in native ops (decode, sampled crop, resize, flip, normalise), seeded from a
     ``tf.random.Generator`` (also timed alone by benchmarks/decode_cpu.py)."""
-    from jaxfeed.loaders.frameworks.tf import import_tensorflow
+    from jaxfeed.loaders._doors.tf import import_tensorflow
 
     tf = import_tensorflow()
     generator = tf.random.Generator.from_seed(seed, alg="philox")
@@ -218,7 +218,7 @@ def tf_data(records: Records, batch_size: int, seed: int, workers: int | str) ->
     ``map`` of native decode and ``tf.image`` ops seeded from a
     ``tf.random.Generator`` (TensorFlow's augmentation tutorial),
     ``num_parallel_calls`` = ``workers`` (0: sequential; `AUTO`: AUTOTUNE)."""
-    from jaxfeed.loaders.frameworks.tf import import_tensorflow
+    from jaxfeed.loaders._doors.tf import import_tensorflow
 
     tf = import_tensorflow()
     augment = tf_native_augment(seed)
@@ -239,7 +239,7 @@ def tf_numpy_function(
     ``tf.numpy_function`` (one numpy generator shared by the map's threads),
     ``num_parallel_calls`` = ``workers`` (0: sequential), ``batch``,
     ``prefetch(AUTOTUNE)``."""
-    from jaxfeed.loaders.frameworks.tf import import_tensorflow
+    from jaxfeed.loaders._doors.tf import import_tensorflow
 
     tf = import_tensorflow()
     rng = np.random.default_rng(seed)

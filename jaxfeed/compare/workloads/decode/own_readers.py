@@ -132,7 +132,7 @@ def _arrayrecord(
     if not workers:
         while True:
             yield from iter(dataset)
-    from jaxfeed.loaders.frameworks.grain import mark_absl_flags_parsed
+    from jaxfeed.loaders._doors.grain import mark_absl_flags_parsed
 
     mark_absl_flags_parsed()  # what absl.app.run does in a Grain user's main
     options = grain.MultiprocessingOptions(num_workers=workers)
@@ -210,7 +210,7 @@ def _torch_batches(dataset: Any, batch_size: int, workers: int) -> Iterator[Batc
     persistent workers (started once, not every epoch)."""
     import torch.utils.data as torch_data
 
-    from jaxfeed.loaders.workers.spawn import SPAWN
+    from jaxfeed.loaders._workers.spawn import SPAWN
 
     loader = torch_data.DataLoader(
         dataset,

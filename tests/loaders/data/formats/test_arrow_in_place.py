@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 from backend_helpers import assert_same_batches
 from format_files import TRAIN_ROWS, augmented_epochs, records, table, write_all
+from jaxfeed.loaders._io.mapped_files import memmap_of
 from jaxfeed.loaders.bytes_field import BytesField
-from jaxfeed.loaders.workers.mapped_files import memmap_of
 from transform_helpers import augment_image
 
 from jaxfeed import loaders

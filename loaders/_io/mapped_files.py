@@ -14,7 +14,6 @@ import os
 from typing import Any, NamedTuple
 
 import numpy as np
-from jaxfeed.loaders.frameworks.numpy import memmap_mapping
 
 __all__ = [
     "MADVISE",
@@ -54,7 +53,7 @@ def file_rows(array: np.ndarray) -> FileRows | None:
     mapped = memmap_of(array)
     if mapped is None or mapped.filename is None or not array.flags.c_contiguous:
         return None
-    mapping = memmap_mapping(mapped)  # numpy keeps the map of every memmap view here
+    mapping = mapped.base  # an np.memmap is an ndarray over its mmap.mmap buffer
     if not isinstance(mapping, mmap.mmap):
         return None
     # np.memmap maps from its offset rounded down to the allocation granularity.

@@ -41,14 +41,14 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 import numpy as np
-from jaxfeed.loaders.workers.mapped_files import (
+from jaxfeed.loaders._io.mapped_files import (
     MADV_POPULATE_READ,
     file_rows,
     libc_function,
     read_window,
 )
-from jaxfeed.loaders.workers.mapped_files import MADVISE as _MADVISE
-from jaxfeed.loaders.workers.read_depth import ReadDepth
+from jaxfeed.loaders._io.mapped_files import MADVISE as _MADVISE
+from jaxfeed.loaders._io.read_depth import ReadDepth
 
 AHEAD_BYTES = 256 << 20
 """How far ahead of the reader rows are asked for (at least one batch); also

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import jax
-from jaxfeed.sharding.distributed import current_job, peer_timeout
+from jaxfeed.sharding.job.distributed import current_job, peer_timeout
 
 _PREFIX = "jaxfeed/agreement"
 # Every process calls check_agreement() the same number of times, in the same

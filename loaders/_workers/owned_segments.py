@@ -25,8 +25,8 @@ import os
 import secrets
 from collections.abc import Callable
 
-from jaxfeed.loaders.workers.owner_lock import hold, owner_gone
-from jaxfeed.loaders.workers.spawn import exit_with_parent
+from jaxfeed.loaders._io.owner_lock import hold, owner_gone
+from jaxfeed.loaders._workers.spawn import exit_with_parent
 
 __all__ = ["SEGMENT_PREFIX", "owner_tag", "remove_dead_segments", "worker_init"]
 
@@ -81,7 +81,7 @@ def _init_worker(tag: str | None, parent: int, *_worker: int) -> None:
     ``parent``, and names its segments after ``tag``."""
     exit_with_parent(parent)
     if tag is not None:
-        from jaxfeed.loaders.frameworks.multiprocessing import name_shared_memory
+        from jaxfeed.loaders._doors.multiprocessing import name_shared_memory
 
         name_shared_memory(f"{SEGMENT_PREFIX}{tag}-")
 

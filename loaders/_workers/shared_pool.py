@@ -29,9 +29,9 @@ import uuid
 from typing import Any
 
 import numpy as np
-from jaxfeed.loaders.frameworks.multiprocessing import pool_broken, pool_processes
-from jaxfeed.loaders.workers import shared_batches
-from jaxfeed.loaders.workers.spawn import SPAWN, SPAWN_WITHOUT_MAIN
+from jaxfeed.loaders._doors.multiprocessing import pool_broken, pool_processes
+from jaxfeed.loaders._workers import shared_batches
+from jaxfeed.loaders._workers.spawn import SPAWN, SPAWN_WITHOUT_MAIN
 
 __all__ = ["Member", "join", "live_pools"]
 

@@ -74,7 +74,7 @@ def _autograph_files_in_an_owned_directory() -> None:
     import shutil
     import types
 
-    from jaxfeed.loaders.workers.owner_lock import owned_directory
+    from jaxfeed.loaders._io.owner_lock import owned_directory
     from tensorflow.python.autograph.pyct import loader
 
     directory, _ = owned_directory(tempfile.gettempdir(), AUTOGRAPH_PREFIX)

@@ -19,7 +19,7 @@ import threading
 import warnings
 from typing import Any
 
-from jaxfeed.loaders.workers import ray_reaper
+from jaxfeed.loaders._workers import ray_reaper
 
 __all__ = ["connect"]
 

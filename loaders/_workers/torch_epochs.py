@@ -16,9 +16,9 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from jaxfeed.loaders.frameworks.torch import loader_workers
-from jaxfeed.loaders.workers.read_ahead import END, pump
-from jaxfeed.loaders.workers.spawn import raise_if_dead, reported_start
+from jaxfeed.loaders._doors.torch import loader_workers
+from jaxfeed.loaders._io.read_ahead import END, pump
+from jaxfeed.loaders._workers.spawn import raise_if_dead, reported_start
 
 if TYPE_CHECKING:
     from torch.utils.data import DataLoader

@@ -4,9 +4,9 @@ hf backends' ``num_workers`` (torch, Grain and tf.data bring their own).
 Processes, not threads: a per-record transform is Python (decode calls,
 crops, flips) and holds the GIL for much of each record (measured on
 digits-png, see docs/data.md). A finished batch comes back as a file in
-shared memory (`jaxfeed.loaders.workers.shared_batches`), not through a pipe.
+shared memory (`jaxfeed.loaders._workers.shared_batches`), not through a pipe.
 The processes are this process's shared pool for that worker count
-(`jaxfeed.loaders.workers.shared_pool`): a train and a validation loader
+(`jaxfeed.loaders._workers.shared_pool`): a train and a validation loader
 start one set, not two.
 """
 
@@ -22,11 +22,11 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
-from jaxfeed.loaders.frameworks.multiprocessing import pool_processes
+from jaxfeed.loaders._doors.multiprocessing import pool_processes
+from jaxfeed.loaders._workers import shared_batches, shared_pool
+from jaxfeed.loaders._workers.main_script import from_main
+from jaxfeed.loaders._workers.spawn import raise_if_dead
 from jaxfeed.loaders.transform import RecordTransform
-from jaxfeed.loaders.workers import shared_batches, shared_pool
-from jaxfeed.loaders.workers.main_script import from_main
-from jaxfeed.loaders.workers.spawn import raise_if_dead
 
 __all__ = ["RecordPool", "RowReader"]
 

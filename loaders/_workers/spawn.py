@@ -23,7 +23,7 @@ aborts a child whose daemon thread is still in C++ code.
 `SPAWN_WITHOUT_MAIN`'s processes also skip what spawn does first in every
 child: run the parent's main script again (its imports: JAX, a model
 library, seconds per worker). Only for workers whose every input is known
-not to come from that script (`jaxfeed.loaders.workers.main_script` tells).
+not to come from that script (`jaxfeed.loaders._workers.main_script` tells).
 `reported_start` says once what starting
 spawned workers cost.
 """
@@ -43,8 +43,8 @@ from multiprocessing import spawn, util
 from multiprocessing.context import SpawnContext, SpawnProcess
 from typing import Any, TypeVar
 
-from jaxfeed.loaders.frameworks import multiprocessing as multiprocessing_door
-from jaxfeed.loaders.frameworks.multiprocessing import run_exit_hooks
+from jaxfeed.loaders._doors import multiprocessing as multiprocessing_door
+from jaxfeed.loaders._doors.multiprocessing import run_exit_hooks
 
 T = TypeVar("T")
 

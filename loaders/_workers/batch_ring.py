@@ -1,7 +1,7 @@
 """Batches handed from worker processes to the reader through a ring of
 batch-sized slots in one shared-memory file per epoch, reused batch after batch.
 
-A file per batch (`jaxfeed.loaders.workers.shared_batches`) costs the kernel
+A file per batch (`jaxfeed.loaders._workers.shared_batches`) costs the kernel
 a new file's pages in the worker and their release in the reader, every
 batch: for batches of raw rows that was most of the CPU time of the whole
 read. Here the reader's process makes the ring (its pages allocated once,
@@ -27,7 +27,7 @@ from collections.abc import Callable, Mapping
 from typing import NamedTuple
 
 import numpy as np
-from jaxfeed.loaders.workers.shared_batches import Layout, layout_bytes, views
+from jaxfeed.loaders._workers.shared_batches import Layout, layout_bytes, views
 
 __all__ = ["BatchRing", "Ringed", "Slot", "gather_into", "write"]
 

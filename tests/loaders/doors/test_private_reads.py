@@ -1,4 +1,4 @@
-"""No module outside `loaders/frameworks/` reads another library's private
+"""No module outside `loaders/_doors/` reads another library's private
 attributes: they go through that framework's door, where a test pins them."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[3]
 PACKAGES = ("loaders", "sharding", "jaxfeed")
-DOORS = Path("loaders", "frameworks")
+DOORS = Path("loaders", "_doors")
 
 # Names with an underscore that the standard library documents as public:
 # os._exit, and a namedtuple's _fields / _asdict / _replace / _make.
@@ -90,9 +90,9 @@ def private_reads(root: Path) -> list[str]:
 def test_private_attributes_are_read_only_in_the_doors():
     found = private_reads(ROOT)
     assert not found, (
-        "private attributes of other libraries read outside loaders/frameworks/; add an "
+        "private attributes of other libraries read outside loaders/_doors/; add an "
         "accessor to that framework's door (with the versions it was checked against) and "
-        "a test in tests/loaders/frameworks/:\n" + "\n".join(sorted(found))
+        "a test in tests/loaders/doors/:\n" + "\n".join(sorted(found))
     )
 
 

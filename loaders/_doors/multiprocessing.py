@@ -43,7 +43,7 @@ def around_spawn_launch(around: Callable[[Any, Callable[[], None]], None]) -> No
         raise RuntimeError(
             f"Python {platform.python_version()}'s spawn has no Popen._launch, where jaxfeed "
             "keeps its workers' Ctrl-C and SIGTERM to their parent: "
-            "loaders/frameworks/multiprocessing.py needs updating for this Python"
+            "loaders/_doors/multiprocessing.py needs updating for this Python"
         )
 
     def launching(popen: Any, process: Any) -> None:

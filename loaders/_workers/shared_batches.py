@@ -31,7 +31,7 @@ from collections.abc import Mapping
 from typing import NamedTuple, NoReturn
 
 import numpy as np
-from jaxfeed.loaders.workers.owner_lock import owned_directory
+from jaxfeed.loaders._io.owner_lock import owned_directory
 
 __all__ = [
     "Handed",

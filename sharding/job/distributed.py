@@ -13,10 +13,9 @@ from collections.abc import Callable, Iterator
 from typing import NoReturn
 
 import jax
-from jaxfeed.loaders.frameworks.jax import distributed_state
-from jaxfeed.loaders.workers.shared_batches import remove_all
-from jaxfeed.loaders.workers.spawn import kill_children
-from jaxfeed.sharding.roll_call import OnSilent, RollCall, claim_id, roll_call_port
+from jaxfeed.loaders._doors.jax import distributed_state
+from jaxfeed.loaders._workers.hard_exit import end_workers_and_batches
+from jaxfeed.sharding.job.roll_call import OnSilent, RollCall, claim_id, roll_call_port
 
 # Our own names first, then the ones JAX's launcher documentation uses.
 _ENV = {
@@ -130,8 +129,7 @@ def exit_now(status: int) -> NoReturn:
     try:
         sys.stdout.flush()
         sys.stderr.flush()
-        kill_children()
-        remove_all()
+        end_workers_and_batches()
     except BaseException:  # leaving anyway (torch's SIGCHLD handler may raise here)
         pass
     finally:

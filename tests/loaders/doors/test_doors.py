@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import importlib.metadata
-import mmap
 import multiprocessing
 import os
 import platform
@@ -17,14 +16,13 @@ import sys
 
 import numpy as np
 import pytest
-from jaxfeed.loaders.frameworks import grain as grain_door
-from jaxfeed.loaders.frameworks import hf as hf_door
-from jaxfeed.loaders.frameworks import jax as jax_door
-from jaxfeed.loaders.frameworks import keras as keras_door
-from jaxfeed.loaders.frameworks import multiprocessing as multiprocessing_door
-from jaxfeed.loaders.frameworks import numpy as numpy_door
-from jaxfeed.loaders.frameworks import tf as tf_door
-from jaxfeed.loaders.frameworks import torch as torch_door
+from jaxfeed.loaders._doors import grain as grain_door
+from jaxfeed.loaders._doors import hf as hf_door
+from jaxfeed.loaders._doors import jax as jax_door
+from jaxfeed.loaders._doors import keras as keras_door
+from jaxfeed.loaders._doors import multiprocessing as multiprocessing_door
+from jaxfeed.loaders._doors import tf as tf_door
+from jaxfeed.loaders._doors import torch as torch_door
 
 
 def _version(package: str) -> str:
@@ -34,7 +32,7 @@ def _version(package: str) -> str:
 
 
 def _where(door: str, package: str) -> str:
-    return f"{package} {_version(package)}: see loaders/frameworks/{door}.py"
+    return f"{package} {_version(package)}: see loaders/_doors/{door}.py"
 
 
 def read(door: str, package: str, accessor, *args):
@@ -359,20 +357,6 @@ def test_torch_loader_workers():
             pass
 
 
-# --- numpy ---------------------------------------------------------------------------------
-
-
-def test_numpy_memmap_mapping(tmp_path):
-    path = tmp_path / "rows.bin"
-    np.arange(16, dtype=np.uint8).tofile(path)
-    mapped = np.memmap(path, dtype=np.uint8, mode="r", shape=(4, 4))
-    for array in (mapped, mapped[1:]):
-        got = read("numpy", "numpy", numpy_door.memmap_mapping, array)
-        expect(isinstance(got, mmap.mmap), "numpy", "numpy", f"a memmap's _mmap is {got!r}")
-    got = read("numpy", "numpy", numpy_door.memmap_mapping, np.arange(3))
-    expect(got is None, "numpy", "numpy", f"an array in memory has a map {got!r}")
-
-
 # --- the standard library's process pools -----------------------------------------------
 
 
@@ -422,7 +406,7 @@ def test_a_spawn_without_its_launch_is_named(monkeypatch):
     from multiprocessing import popen_spawn_posix
 
     monkeypatch.delattr(popen_spawn_posix.Popen, "_launch")
-    with pytest.raises(RuntimeError, match=r"spawn has no Popen\._launch.*frameworks/multipro"):
+    with pytest.raises(RuntimeError, match=r"spawn has no Popen\._launch.*_doors/multipro"):
         multiprocessing_door.around_spawn_launch(lambda process, launch: launch())
 
 
@@ -448,7 +432,7 @@ def test_exit_hooks_run_before_an_immediate_exit():
     script = (
         "import atexit, os\n"
         "atexit.register(print, 'hook ran', flush=True)\n"
-        "from jaxfeed.loaders.frameworks.multiprocessing import run_exit_hooks\n"
+        "from jaxfeed.loaders._doors.multiprocessing import run_exit_hooks\n"
         "run_exit_hooks()\n"
         "os._exit(0)\n"
     )

@@ -1,0 +1,1 @@
+"""File and memory-map I/O: see docs/architecture.md."""

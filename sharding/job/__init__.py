@@ -1,0 +1,1 @@
+"""The multi-process job: see docs/architecture.md."""
