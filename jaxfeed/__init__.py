@@ -19,6 +19,14 @@ prefetching `DeviceFeed`), and this package: the training loop
 
 Names are imported on first use, so ``import jaxfeed.loaders`` stays free of
 JAX and of every loader framework.
+
+- `training`: `fit`, checkpoints, signals.
+- `mnist`: the example model.
+- `nnx`: Flax NNX steps in `fit`.
+- `keras`: `keras_data`, any `BatchSource` for Keras 3's ``model.fit``.
+- `compare`: ``jaxfeed compare``.
+- `cli`: the ``jaxfeed`` command.
+- `__main__`: ``python -m jaxfeed``.
 """
 
 from __future__ import annotations
@@ -26,24 +34,11 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-# Public names are those of the two packages' __all__, and these of the library
-# on top (name -> its module). Each name has one spelling: jaxfeed.make is
-# jaxfeed.loaders.make.
-_PACKAGES = ("jaxfeed.loaders", "jaxfeed.sharding")  # loaders first: it imports no JAX
-_LIBRARY = {
-    "Callback": "jaxfeed.training.callbacks",
-    "CheckpointError": "jaxfeed.training.checkpoint",
-    "Checkpointing": "jaxfeed.training.checkpoint",
-    "TopologyChangedWarning": "jaxfeed.training.checkpoint",
-    "Preempted": "jaxfeed.training.interrupts",
-    "FitResult": "jaxfeed.training.loop",
-    "Logging": "jaxfeed.training.log",
-    "NonFiniteMetric": "jaxfeed.training.run",
-    "batch_mask": "jaxfeed.training.steps",
-    "evaluate_metrics": "jaxfeed.training.steps",
-    "fit": "jaxfeed.training.loop",
-    "keras_data": "jaxfeed.keras",
-}
+# Public names are those of these packages' __all__ (loaders first: it imports
+# no JAX; training's face imports its modules on first use), and keras_data.
+# Each name has one spelling: jaxfeed.make is jaxfeed.loaders.make.
+_PACKAGES = ("jaxfeed.loaders", "jaxfeed.training", "jaxfeed.sharding")
+_LIBRARY = {"keras_data": "jaxfeed.keras"}
 _SUBPACKAGES = ("loaders", "sharding", "mnist", "nnx")
 
 if TYPE_CHECKING:  # what type checkers see; at run time __getattr__ imports on first use

@@ -8,7 +8,7 @@ of a PNG decode and crop). Here the hash runs once per batch, vectorised over
 the rows with numpy (O'Neill's ``seed_seq`` as numpy's ``SeedSequence``
 implements it: pool size 4, no spawn key), and each row's
 ``Generator(PCG64(...))`` is seeded from its precomputed words through a
-`RowSeed`. tests/test_row_generators.py holds the streams to
+`RowSeed`. tests/loaders/test_row_generators.py holds the streams to
 ``default_rng((seed, epoch, row))``'s on many rows (huge ones included).
 """
 

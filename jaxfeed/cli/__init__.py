@@ -6,6 +6,13 @@ sets XLA_FLAGS, which jax reads when its backends start (the first ``jax.devices
 
 A user error (bad input, a missing package or file) is one line on stderr and
 exit status 2; ``--debug`` shows its traceback and the libraries' own logs instead.
+
+- `train`: ``jaxfeed train``, with what it reads checked in `train_data`.
+- `train_data`: the data a training run reads, checked before it starts.
+- `compare`: ``jaxfeed compare``.
+- `convert`: ``jaxfeed convert``.
+- `backends`: ``jaxfeed backends``.
+- `args`: the argument helpers, and library errors put in the command's words.
 """
 
 from __future__ import annotations
@@ -25,6 +32,8 @@ from jaxfeed.cli.compare import add_compare, run_compare
 from jaxfeed.cli.convert import add_convert, run_convert
 from jaxfeed.cli.train import add_train, run_train
 from jaxfeed.training.interrupts import PREEMPTED_STATUS, Preempted
+
+__all__ = ["build_parser", "main"]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -2,6 +2,9 @@
 
 What ``jaxfeed train`` runs. A model of your own uses `jaxfeed.fit` with its
 own step instead; nothing in the library assumes MNIST.
+
+- `model`: the MLP (`init_params`, `predict`, `LAYER_SIZES`).
+- `train`: `train`, `evaluate` and `TrainConfig`, one short user of `fit`.
 """
 
 from jaxfeed.mnist.model import LAYER_SIZES, init_params, predict

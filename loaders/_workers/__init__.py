@@ -1,4 +1,5 @@
-"""Everything that starts, feeds, signals and stops processes and threads.
+"""Everything that starts, feeds, signals and stops processes and threads
+(internal). None of it imports a backend, a wrap or a dataset module.
 
 - `spawn`: the spawn contexts whose workers leave Ctrl-C and SIGTERM to
   their parent, the start method, the report of a slow start, a dead worker
@@ -9,16 +10,16 @@
 - `shared_pool`: those processes, one pool per job and worker count that
   every loader shares.
 - `shared_batches`: finished batches handed back as files in shared memory.
-- `read_ahead`: one thread body reading an iterator into a bounded queue.
-- `disk_read_ahead`: threads reading the coming rows of memory-mapped
-  fields into the page cache.
-- `read_depth`: how many of those reads to keep outstanding, from the
-  throughput they reach.
-- `mapped_files`: where a memory-mapped field lies, the kernel's read
-  advice, and an on-disk field pickled as where it lies.
+- `batch_ring`: torch's workers hand batches back through a ring of reused
+  slots in shared memory.
+- `owned_segments`: Grain's workers ended with their parent, their shared
+  memory named after its run.
 - `torch_epochs`: torch DataLoaders serving epochs, their workers watched.
 - `ray_instance`: the Ray cluster the ray backend joins, or the local
   instance it starts (and shuts down at exit).
-
-None of them imports a backend, a wrap module or a dataset module.
+- `ray_reaper`: a small process that ends what Ray leaves of that instance
+  when its driver is killed.
+- `hard_exit`: what a process leaving through ``os._exit`` ends first.
 """
+
+__all__: list[str] = []  # internal: nothing here is public

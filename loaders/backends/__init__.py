@@ -1,9 +1,13 @@
 """`make()`: the built-in backends, looked up by name in one registry.
 
-One module per framework (`numpy`, `torch`, `tf`, `grain`, `hf`, `ray`), each reading
-the same `ArrayDataset` in the shared `Sampler`'s order; `sampled_source`
-holds what they share and `tfds_store` the TFDS-format cache. A backend
-module imports its framework only when it is used.
+Each backend reads the same `ArrayDataset` in the shared `Sampler`'s order and
+imports its framework only when it is used. Its modules are internal.
+
+- `registry`: the backends by name, imported lazily; `make` and `available`.
+- `sampled_source`: what every backend shares (batches in the sampler's order).
+- `numpy`, `torch`, `tf`, `grain`, `hf`: one module per framework.
+- `ray`: Ray tasks on a cluster.
+- `tfds_store`: the TFDS-format cache the tf backend reads.
 """
 
 from jaxfeed.loaders.backends.registry import BACKENDS, Backend, available, make

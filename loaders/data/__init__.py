@@ -1,5 +1,17 @@
-"""Datasets: named ones (MNIST and its variants), IDX files, downloads and the cache."""
+"""Datasets: named ones, directories of arrays, the user's files, and the cache.
+Its modules are internal.
+
+- `catalog`: `load_dataset` and the dataset names.
+- `named`: the named MNIST datasets.
+- `mnist`: MNIST's files, checksums and downloads.
+- `idx`: the IDX format.
+- `encoded`: the ``digits-png`` records and their augmentation.
+- `on_disk`: directories of ``.npy`` files, their splits and content digests.
+- `cache`: the cache, and what it is trusted with.
+- `superseded`: copies a newer one of the same source replaces.
+- `formats`: the user's files (TFRecord, ArrayRecord, Parquet, ...).
+"""
 
 from jaxfeed.loaders.data.catalog import DATASETS, SPLITS, DatasetLike, load_dataset
 
-__all__ = ["DATASETS", "SPLITS", "DatasetLike", "load_dataset"]
+__all__ = ["DATASETS", "DatasetLike", "SPLITS", "load_dataset"]

@@ -1,8 +1,17 @@
-"""`wrap()`: a user's own loader (torch, tf.data, Grain, HF, plain Python) as a `BatchSource`.
+"""`wrap()`: a user's own loader (torch, tf.data, Grain, HF, Ray, plain Python)
+as a `BatchSource`. Its modules are internal.
 
-`kinds` recognises what was passed (by class name, never importing a
-framework), one module per framework reads it (`torch`, `tf`, `grain`, `hf`,
-`python`), and `wrapped_source` turns what they yield into protocol batches.
+- `wrapped_source`: `wrap` and `WrappedSource`, what the kinds yield as
+  protocol batches.
+- `kinds`: what was passed, told by class name without importing a framework.
+- `torch`, `tf`, `grain`, `hf`, `ray`, `python`: one module per kind of object.
+- `random_access`: random-access objects read in the sampler's order.
+- `streams`, `stream_state`: streams read, and their resume state.
+- `state_json`: stream states as JSON.
+- `raw_batches`: each batch flattened and checked.
+- `epochs`: what every kind's adapter returns (`Epochs`, `WrapSettings`).
+- `seeded`: the global generators seeded per batch while a loader's own code
+  reads it.
 """
 
 from jaxfeed.loaders.wrapping.wrapped_source import WrappedSource, wrap

@@ -1,7 +1,9 @@
 """The workloads of `jaxfeed compare`, each a `jaxfeed.compare.runner.Workload`.
 
-``copy`` (the default): decoded digits, every backend beside the in-memory
-ceiling, each framework's tutorial loop and the user's own loader; ``decode``:
-PNG digits decoded and augmented per record, per worker count, beside each
-framework's own pipeline.
+- `copy`: (the default) decoded digits, every backend beside the in-memory
+  ceiling, each framework's tutorial loop and the user's own loader.
+- `decode`: PNG digits decoded and augmented per record, per worker count,
+  beside each framework's own pipeline.
 """
+
+__all__: list[str] = []  # internal: nothing here is public

@@ -2,19 +2,27 @@
 image folders, prepared TFDS and Hugging Face directories.
 
 Arrow IPC files are read in place: memory-mapped, with a small index in the
-cache (`jaxfeed.loaders.data.formats.arrow_in_place`). ArrayRecord files are
-read in place by the grain backend, through Grain's own source, with only
-their row 0 and record counts: their dataset is `ArrayDataset.deferred`, and
-the copy below is built when another backend first reads its fields. A
-compressed Arrow file, and every other format, is streamed once from its
-files, in sorted name order, into a
-columnar copy in jaxfeed's cache (`jaxfeed.loaders.data.formats.columns`),
-keyed by every file's path, size, modification and change times and inode,
-so a file changed on disk is never served stale. The copy is memory-mapped:
-every backend reads it in the shared sampler's order, as any on-disk field.
-The copy records the rows of each unit it was read from (a TFRecord or
-ArrayRecord shard, a Parquet row group, an Arrow record batch) as the
-dataset's ``units``, which ``shuffle="blocks"`` keeps its blocks inside.
+cache (`arrow_in_place`). ArrayRecord files are read in place by the grain
+backend, through Grain's own source, with only their row 0 and record counts:
+their dataset is `ArrayDataset.deferred`, and the copy below is built when
+another backend first reads its fields. A compressed Arrow file, and every
+other format, is streamed once from its files, in sorted name order, into a
+columnar copy in jaxfeed's cache (`columns`), keyed by every file's path,
+size, modification and change times and inode, so a file changed on disk is
+never served stale. The copy is memory-mapped: every backend reads it in the
+shared sampler's order, as any on-disk field. The copy records the rows of
+each unit it was read from (a TFRecord or ArrayRecord shard, a Parquet row
+group, an Arrow record batch) as the dataset's ``units``, which
+``shuffle="blocks"`` keeps its blocks inside.
+
+- `detect`: the format and a split's files from a directory, glob or list.
+- `columns`: the columnar copy, written and mapped.
+- `example`: ``tf.train.Example`` parsed without TensorFlow.
+- `arrow_in_place`: Arrow IPC files read in place.
+- `tfrecord`, `arrayrecord`, `tables`, `imagefolder`, `prepared`: one
+  format each (``tables``: Parquet and Arrow IPC; ``prepared``: TFDS and HF
+  directories).
+- `convert`: a dataset rewritten as Parquet shards or ``.npy`` fields.
 """
 
 from __future__ import annotations

@@ -2,7 +2,13 @@
 every backend, beside the in-memory ceiling, each framework's tutorial loop
 and the user's own loader object (through ``wrap``, and under Keras ``fit``).
 
-``workload`` measures, ``report`` checks targets and renders; ``rows`` says
-what one row measures, built from ``baselines`` and ``wrapped``, whose
-trainings ``fresh`` runs in new processes (``keras_fit`` is the Keras side).
+- `workload`: its rows and how one is measured.
+- `report`: its targets checked and rendered.
+- `rows`: what one row measures.
+- `baselines`: the frameworks' tutorial loops.
+- `wrapped`: the same objects through ``wrap``.
+- `fresh`: their trainings, run in new processes.
+- `keras_fit`: the Keras side.
 """
+
+__all__: list[str] = []  # internal: nothing here is public
