@@ -66,9 +66,10 @@ def _autograph_files_in_an_owned_directory() -> None:
     Autograph writes the code it generates for every function it converts (a
     tf.data map's) to ``$TMPDIR/__autograph_generated_file*.py`` through the
     private module reference ``tensorflow.python.autograph.pyct.loader.tempfile``
-    and removes them at exit only (``atexit``): a killed process left them for
-    good. Here they go to ``$TMPDIR/jaxfeed-autograph-*`` (`owner_lock`), removed
-    at exit, and by the next run's TF import when this process is killed.
+    (tensorflow 2.21.0), which is replaced here, and removes them at exit only
+    (``atexit``): a killed process left them for good. Here they go to
+    ``$TMPDIR/jaxfeed-autograph-*`` (`owner_lock`), removed at exit, and by the
+    next run's TF import when this process is killed.
     """
     import atexit
     import shutil

@@ -39,12 +39,11 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Generator, Iterable, Iterator
-from multiprocessing import spawn, util
 from multiprocessing.context import SpawnContext, SpawnProcess
 from typing import Any, TypeVar
 
 from jaxfeed.loaders._doors import multiprocessing as multiprocessing_door
-from jaxfeed.loaders._doors.multiprocessing import run_exit_hooks
+from jaxfeed.loaders._doors.multiprocessing import AroundBootstrap, run_exit_hooks
 
 T = TypeVar("T")
 
@@ -74,7 +73,7 @@ def _ignores_stop_signals(process: Any) -> bool:
     return _IGNORING_LIBRARIES[module.partition(".")[0]] > 0  # (a Counter: 0 if absent)
 
 
-def _spawnv_passfds(*args: Any) -> int:
+def _forking(fork: Callable[[], int]) -> int:
     """multiprocessing's fork and exec of a spawned child. For one that is to
     ignore the stop signals, they are blocked in this thread only (a signal
     mask is a thread's, and a child starts with the mask of the thread that
@@ -83,10 +82,10 @@ def _spawnv_passfds(*args: Any) -> int:
     another thread starts at that instant would inherit the ignore, and be a
     command Ctrl-C cannot stop."""
     if not _ignores_stop_signals(_LAUNCHING.process):
-        return _SPAWNV_PASSFDS(*args)
+        return fork()
     blocked = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
     try:
-        return _SPAWNV_PASSFDS(*args)
+        return fork()
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
 
@@ -100,19 +99,10 @@ def _launching(process: Any, launch: Callable[[], None]) -> None:
         _LAUNCHING.process = None
 
 
-def _preparation_data(name: str) -> dict[str, Any]:
-    """What a spawned child sets up before it unpickles its process object;
-    without the parent's main module (``init_main_from_*``) for a
-    `SPAWN_WITHOUT_MAIN` child."""
-    data = _PREPARATION_DATA(name)
-    if isinstance(_LAUNCHING.process, _MainlessProcess):
-        data.pop("init_main_from_name", None)
-        data.pop("init_main_from_path", None)
-    return data
-
-
-_SPAWNV_PASSFDS = util.spawnv_passfds
-_PREPARATION_DATA = spawn.get_preparation_data
+def _launching_without_main() -> bool:
+    """Whether this thread launches a `SPAWN_WITHOUT_MAIN` child, which then
+    sets up without the parent's main module."""
+    return isinstance(_LAUNCHING.process, _MainlessProcess)
 
 
 def _hook_spawn() -> None:
@@ -124,8 +114,8 @@ def _hook_spawn() -> None:
     with _HOOKS:
         if not _HOOKED:
             multiprocessing_door.around_spawn_launch(_launching)
-            util.spawnv_passfds = _spawnv_passfds
-            spawn.get_preparation_data = _preparation_data
+            multiprocessing_door.around_spawn_fork(_forking)
+            multiprocessing_door.spawn_without_main_when(_launching_without_main)
             _HOOKED = True
 
 
@@ -134,7 +124,7 @@ def children_ignore_stop_signals(library: str) -> Iterator[None]:
     """Processes that ``library`` ("grain": the top-level package of their
     target function) spawns while this is open, from any thread, ignore
     SIGINT and SIGTERM for life: they start with both blocked (see
-    `_spawnv_passfds`), and nothing in them unblocks them. Other processes,
+    `_forking`), and nothing in them unblocks them. Other processes,
     and this one, are not affected."""
     _hook_spawn()
     with _HOOKS:
@@ -195,7 +185,7 @@ def exit_with_parent(parent: int | None = None) -> None:
 _PARENT_POLL_SECONDS = 0.5
 
 
-class _StopSignalsIgnoringProcess(SpawnProcess):
+class _StopSignalsIgnoringProcess(AroundBootstrap, SpawnProcess):
     def start(self) -> None:
         # Sent with the process: a child still starting when its parent is
         # killed would otherwise take its new parent (init) for the one to watch.
@@ -208,9 +198,9 @@ class _StopSignalsIgnoringProcess(SpawnProcess):
         exit_with_parent(self._jaxfeed_parent)
         super().run()
 
-    def _bootstrap(self, *args: Any, **kwargs: Any) -> int:  # in the child
+    def around_bootstrap(self, bootstrap: Callable[[], int]) -> int:  # in the child
         _ignore_stop_signals()
-        code = super()._bootstrap(*args, **kwargs)  # (joins threads, runs finalizers, flushes)
+        code = bootstrap()  # (joins threads, runs finalizers, flushes)
         # Then leave as a forked child does: with os._exit, after the atexit hooks.
         # Spawn's own exit finalizes the interpreter, which stops a daemon thread
         # still at work (a queue's feeder pickling a torch tensor) by unwinding
@@ -232,7 +222,7 @@ SPAWN = _StopSignalsIgnoringSpawn()
 
 
 class _MainlessProcess(_StopSignalsIgnoringProcess):
-    """Launched without the parent's main module (see `_preparation_data`)."""
+    """Launched without the parent's main module (see `_launching_without_main`)."""
 
 
 class _MainlessSpawn(_StopSignalsIgnoringSpawn):

@@ -13,6 +13,7 @@ import os
 import platform
 import subprocess
 import sys
+import threading
 
 import numpy as np
 import pytest
@@ -166,6 +167,26 @@ def test_tf_autograph_files_go_to_an_owned_directory():
         "tf",
         "tensorflow",
         f"autograph wrote {path}, not in a {tf_door.AUTOGRAPH_PREFIX}* directory",
+    )
+
+
+def test_tfds_gcs_lookups_switched_off_inside_the_block(monkeypatch):
+    tfds = read("tf", "tensorflow-datasets", tf_door.import_tfds)
+    gcs_utils = tfds.core.utils.gcs_utils
+    expect(
+        hasattr(gcs_utils, "_is_gcs_disabled"),
+        "tf",
+        "tensorflow-datasets",
+        "tfds.core.utils.gcs_utils has no _is_gcs_disabled",
+    )
+    monkeypatch.setattr(gcs_utils, "_is_gcs_disabled", False)
+    with tf_door.no_gcs_lookups(tfds):
+        inside = gcs_utils._is_gcs_disabled
+    expect(
+        inside is True and gcs_utils._is_gcs_disabled is False,
+        "tf",
+        "tensorflow-datasets",
+        f"_is_gcs_disabled was {inside!r} inside the block, {gcs_utils._is_gcs_disabled!r} after",
     )
 
 
@@ -408,6 +429,101 @@ def test_a_spawn_without_its_launch_is_named(monkeypatch):
     monkeypatch.delattr(popen_spawn_posix.Popen, "_launch")
     with pytest.raises(RuntimeError, match=r"spawn has no Popen\._launch.*_doors/multipro"):
         multiprocessing_door.around_spawn_launch(lambda process, launch: launch())
+
+
+def test_spawn_forks_through_the_hook(monkeypatch):
+    from multiprocessing import util
+
+    monkeypatch.setattr(util, "spawnv_passfds", util.spawnv_passfds)
+    forked = []
+
+    def around(fork):
+        pid = fork()
+        forked.append((threading.current_thread(), pid))
+        return pid
+
+    read("multiprocessing", "python", multiprocessing_door.around_spawn_fork, around)
+    process = multiprocessing.get_context("spawn").Process(target=os.getpid)
+    process.start()
+    process.join(timeout=120)
+    # (The launch may also start the resource tracker, through the same fork.)
+    expect(
+        (threading.current_thread(), process.pid) in forked and process.exitcode == 0,
+        "multiprocessing",
+        "python",
+        f"spawn's util.spawnv_passfds forked {forked!r}, not pid {process.pid} in this thread; "
+        f"the child's exit code {process.exitcode}",
+    )
+
+
+def test_spawn_leaves_out_the_main_module_when_asked(monkeypatch):
+    from multiprocessing import spawn
+
+    monkeypatch.setattr(spawn, "get_preparation_data", spawn.get_preparation_data)
+    whole = spawn.get_preparation_data("child")
+    main = {"init_main_from_name", "init_main_from_path"}
+    expect(
+        len(main & whole.keys()) == 1,
+        "multiprocessing",
+        "python",
+        f"spawn's preparation data names the main module in none of {sorted(main)}: "
+        f"{sorted(whole)}",
+    )
+    asked = []
+
+    def skip():
+        asked.append(threading.current_thread())
+        return len(asked) > 1  # the first call keeps it
+
+    read("multiprocessing", "python", multiprocessing_door.spawn_without_main_when, skip)
+    kept, left_out = spawn.get_preparation_data("child"), spawn.get_preparation_data("child")
+    expect(
+        kept == whole and left_out == {k: v for k, v in whole.items() if k not in main},
+        "multiprocessing",
+        "python",
+        f"the preparation data's keys, with the main module kept: {sorted(kept)}; "
+        f"left out: {sorted(left_out)}",
+    )
+    process = multiprocessing.get_context("spawn").Process(target=os.getpid)
+    process.start()
+    process.join(timeout=120)
+    expect(
+        asked[2:] == [threading.current_thread()] and process.exitcode == 0,
+        "multiprocessing",
+        "python",
+        f"spawn's launch asked {asked[2:]!r} through get_preparation_data; "
+        f"the child's exit code {process.exitcode}",
+    )
+
+
+def _note(path: str, line: str) -> None:
+    with open(path, "a") as note:
+        note.write(line + "\n")
+
+
+class _Noted(multiprocessing_door.AroundBootstrap, multiprocessing.context.SpawnProcess):
+    note = ""  # the path to note in
+
+    def around_bootstrap(self, bootstrap):  # in the child
+        _note(self.note, "before")
+        _note(self.note, f"after {bootstrap()}")
+        return 7
+
+
+def test_a_child_runs_inside_around_bootstrap(tmp_path):
+    path = tmp_path / "note"
+    process = _Noted(target=_note, args=(str(path), "run"))
+    process.note = str(path)  # (sent with the process)
+    process.start()
+    process.join(timeout=120)
+    noted = path.read_text() if path.exists() else ""
+    expect(
+        noted == "before\nrun\nafter 0\n" and process.exitcode == 7,
+        "multiprocessing",
+        "python",
+        f"a child of an AroundBootstrap class noted {noted!r} and exited with "
+        f"{process.exitcode}, not 7: BaseProcess._bootstrap is no longer where it runs",
+    )
 
 
 def test_shared_memory_names(monkeypatch):

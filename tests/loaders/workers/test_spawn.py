@@ -1,5 +1,6 @@
 """The spawn policy's checks on worker processes, and how its workers end."""
 
+import _posixsubprocess
 import atexit
 import functools
 import multiprocessing
@@ -90,7 +91,7 @@ def test_a_subprocess_started_while_a_worker_launches_keeps_ctrl_c(tmp_path, mon
     # inside the fork's window, every time. Compared with one started before:
     # pytest may itself run with SIGINT ignored (a script's `&`, `nohup`).
     before, handler = _stop_signals(_status_of_a_subprocess()), signal.getsignal(signal.SIGINT)
-    fork = spawn._SPAWNV_PASSFDS
+    fork = _posixsubprocess.fork_exec
     beside, in_window = {}, threading.Event()
 
     def start_a_subprocess_in_the_window() -> None:
@@ -98,13 +99,16 @@ def test_a_subprocess_started_while_a_worker_launches_keeps_ctrl_c(tmp_path, mon
             beside["status"] = _status_of_a_subprocess()
 
     def fork_with_a_subprocess_beside(*args):
-        in_window.set()
-        other.join()
+        if threading.current_thread() is not other:  # the worker's launch
+            in_window.set()
+            other.join()
         return fork(*args)
 
     other = threading.Thread(target=start_a_subprocess_in_the_window)  # (before the window)
     other.start()
-    monkeypatch.setattr(spawn, "_SPAWNV_PASSFDS", fork_with_a_subprocess_beside)
+    # The fork itself, below spawn's multiprocessing.util.spawnv_passfds and
+    # the door's hook there (CPython 3.11-3.13).
+    monkeypatch.setattr(_posixsubprocess, "fork_exec", fork_with_a_subprocess_beside)
     worker = SPAWN.Process(target=_write_status, args=(str(tmp_path / "worker"),))
     worker.start()
     worker.join(timeout=120)
