@@ -26,7 +26,7 @@ import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from jaxfeed.cli.args import HELP_FORMAT, one_line
+from jaxfeed.cli.args import HELP_FORMAT, in_flags, one_line
 from jaxfeed.cli.backends import add_backends, run_backends
 from jaxfeed.cli.compare import add_compare, run_compare
 from jaxfeed.cli.convert import add_convert, run_convert
@@ -100,7 +100,7 @@ def _one_line_warnings() -> Iterator[None]:
     def show(message, category, filename, lineno, file=None, line=None) -> None:
         if (category, filename, lineno) not in seen:
             seen.add((category, filename, lineno))
-            print(f"jaxfeed: warning: {one_line(str(message))}", file=sys.stderr)
+            print(f"jaxfeed: warning: {one_line(in_flags(str(message)))}", file=sys.stderr)
 
     with warnings.catch_warnings():
         warnings.showwarning = show
@@ -152,5 +152,6 @@ def main(argv: list[str] | None = None) -> int:
         if not _is_user_error(err):
             raise
         said = " ".join([str(err), *getattr(err, "__notes__", ())])  # notes: where it arose
+        said = in_flags(said)  # the library's messages name arguments; this user gave flags
         print(f"jaxfeed: error: {one_line(said) or type(err).__name__}", file=sys.stderr)
         return 2

@@ -172,5 +172,28 @@ def check_writable(path: Path | None, flag: str) -> None:
         ) from err
 
 
+# A library error names the argument its caller passed; a user of the command
+# passed a flag. Each library spelling here is written only where it names that
+# argument (tests/cli/test_error_words.py checks each is still in use).
+FLAGS = {
+    "coordinator=": "--coordinator ",
+    "num_processes=": "--num-processes ",
+    "process_id=": "--process-id ",
+    "initialize(timeout_s=...)": "--peer-timeout",
+    "data_dir=": "--data-dir ",
+    "nan_policy='continue'": "--nan-policy continue",
+    "Checkpointing(directory=...)": "--checkpoint-dir",
+    "Checkpointing(accept_changed_data=True)": "--resume-changed-data",
+    "to='parquet'": "--to parquet",
+}
+
+
+def in_flags(message: str) -> str:
+    """A library's message in the command's words: each argument it names as its flag."""
+    for argument, flag in FLAGS.items():
+        message = message.replace(argument, flag)
+    return message
+
+
 def one_line(text: str) -> str:
     return " ".join(line.strip() for line in text.splitlines() if line.strip())

@@ -16,6 +16,7 @@ from jaxfeed.cli.args import (
     DATASET_HELP,
     DEVICES_HELP,
     check_writable,
+    in_flags,
     learning_rate,
     momentum,
     non_negative,
@@ -232,7 +233,7 @@ def _lost_peer(err: Exception) -> str | None:
     if lost and paused_too_long():  # the others gave up on this one, as it said
         return ""
     if isinstance(err, TimeoutError):  # from check_agreement: it names the process
-        return str(err)
+        return in_flags(str(err))
     if lost:
         return (
             f"process {jax.process_index()} lost its connection to another process during "

@@ -148,7 +148,7 @@ def _lock(directory: Path) -> Any:
         handle.close()
         raise ValueError(
             f"checkpoint directory {directory} is in use by another run ({owner}); wait for "
-            f"it to end, or give this run its own --checkpoint-dir"
+            f"it to end, or give this run its own Checkpointing(directory=...)"
         ) from None
     handle.seek(0)
     handle.truncate()
@@ -292,7 +292,7 @@ class Checkpointer:
             raise CheckpointError(
                 f"could not write the checkpoint of step {step} in {self.directory}: "
                 f"{_write_failure(error)}. Free space there or pick a writable "
-                f"--checkpoint-dir; {kept}"
+                f"Checkpointing(directory=...); {kept}"
             ) from error
 
     def save(

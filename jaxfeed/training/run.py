@@ -188,7 +188,7 @@ class TrainingRun:
                 f"the step's {bad[0]} sum is {float(np.ravel(sums[bad[0]])[0])} at step "
                 f"{self.step} (epoch {self.epoch + 1}, batch {self.next_batch}); it became so "
                 f"{since}, and nothing was saved from it. Lower the learning rate or check "
-                f"the data, or pass nan_policy='continue' (--nan-policy continue) to train on"
+                f"the data, or pass nan_policy='continue' to train on"
             )
         self.checked_step = self.step
 

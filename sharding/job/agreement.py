@@ -132,7 +132,7 @@ def check_agreement(settings: Mapping[str, Any], *, timeout_s: float | None = No
             f"{_processes(missing)}, which did not arrive. Check that "
             f"{'it is' if len(missing) == 1 else 'they are'} still running and reached "
             f"training (see {'its' if len(missing) == 1 else 'their'} log for an earlier "
-            f"error), or raise --peer-timeout / $JAXFEED_PEER_TIMEOUT if "
+            f"error), or raise initialize(timeout_s=...) / $JAXFEED_PEER_TIMEOUT if "
             f"{'it is' if len(missing) == 1 else 'they are'} slow to start"
         )
     differences = disagreements({p: r["settings"] for p, r in sorted(records.items())})

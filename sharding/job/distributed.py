@@ -49,6 +49,8 @@ def peer_timeout(timeout_s: float | str | None = None) -> float:
     Raises:
       ValueError: not a finite number of seconds > 0.
     """
+    # The job's timeout was checked when given: a bad one not passed here is the variable's.
+    source = "timeout_s" if timeout_s is not None else f"${PEER_TIMEOUT_ENV}"
     if timeout_s is None:
         timeout_s = _job_timeout_s or os.environ.get(PEER_TIMEOUT_ENV) or DEFAULT_PEER_TIMEOUT_S
     try:
@@ -57,8 +59,7 @@ def peer_timeout(timeout_s: float | str | None = None) -> float:
         value = math.nan
     if not math.isfinite(value) or value <= 0:
         raise ValueError(
-            f"peer timeout must be a finite number of seconds > 0, got {timeout_s!r} "
-            f"(from --peer-timeout or ${PEER_TIMEOUT_ENV})"
+            f"peer timeout must be a finite number of seconds > 0, got {source}={timeout_s!r}"
         )
     return value
 
@@ -90,7 +91,7 @@ def _join_failure(coordinator: str, num_processes: int, process_id: int, waited:
     """What to tell a process that could not join: who is missing and what to check."""
     same = (
         f"that every process 0..{num_processes - 1} was started, each with its own "
-        f"--process-id, --num-processes {num_processes} and --coordinator {coordinator}"
+        f"process_id, and with num_processes={num_processes} and coordinator={coordinator}"
     )
     if process_id == 0:
         others = list(range(1, num_processes))
@@ -225,8 +226,8 @@ def initialize(
     if missing:
         raise ValueError(
             f"multi-process run needs coordinator, num_processes and process_id; missing "
-            f"{missing} (got {given}). Pass --coordinator HOST:PORT --num-processes N "
-            f"--process-id I, or set JAXFEED_COORDINATOR etc."
+            f"{missing} (got {given}). Pass coordinator=HOST:PORT, num_processes=N and "
+            f"process_id=I, or set JAXFEED_COORDINATOR etc."
         )
     num_processes, process_id = int(num_processes), int(process_id)
     coordinator = str(coordinator)
@@ -235,7 +236,8 @@ def initialize(
         raise ValueError(f"coordinator must be HOST:PORT, got {coordinator!r}")
     if num_processes < 1 or not 0 <= process_id < num_processes:
         raise ValueError(
-            f"process_id {process_id} is not in [0, num_processes={num_processes}); "
+            f"process_id={process_id} is not in [0, {num_processes}) for "
+            f"num_processes={num_processes}; "
             f"number the processes 0..{max(num_processes, 1) - 1}"
         )
     timeout = peer_timeout(timeout_s)

@@ -109,8 +109,8 @@ class RollCall:
         except OSError as err:
             raise ValueError(
                 f"port {port} (the coordinator's port + 1, where process 0 takes the job's "
-                f"roll call) is in use: {err.strerror}. Start the job on another "
-                f"--coordinator port, all its processes alike"
+                f"roll call) is in use: {err.strerror}. Start the job with another port "
+                f"in coordinator=HOST:PORT, all its processes alike"
             ) from None
         threading.Thread(target=self._serve, name="jaxfeed-roll-call", daemon=True).start()
 
@@ -156,14 +156,15 @@ class RollCall:
         if count != self._num_processes:
             return (
                 f"the job at this coordinator has {self._num_processes} processes, this "
-                f"process was started with --num-processes {count}: another job? Start each "
-                f"job on its own --coordinator port"
+                f"process was started with num_processes={count}: another job? Start each "
+                f"job on its own port in coordinator=HOST:PORT"
             )
         with self._lock:
             if me in self._holders:
                 return (
                     f"process {me} of the job at this coordinator is already running "
-                    f"({self._holders[me]}): is this a second job on the same --coordinator? "
+                    f"({self._holders[me]}): is this a second job on the same "
+                    f"coordinator=HOST:PORT? "
                     f"Start it on a free port, all its processes alike"
                 )
             self._holders[me] = holder

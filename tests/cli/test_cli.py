@@ -267,6 +267,7 @@ def test_offline_mnist_names_the_fallback(tmp_path):
     assert result.returncode == 0, result.stderr
     (warning,) = result.stderr.splitlines()
     assert warning.startswith("jaxfeed: warning: MNIST mirrors are unreachable")
+    assert "pass --data-dir DIR or set JAXFEED_DATA_DIR" in warning  # the command's flag
     assert "dataset=mnist-sample (fallback for mnist) " in result.stdout
 
 

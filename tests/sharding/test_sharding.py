@@ -337,7 +337,9 @@ def test_the_roll_call_grants_each_id_once_while_its_holder_lives():
     first = claim_id("127.0.0.1", port, 1, 3, deadline)
     with pytest.raises(ValueError, match=r"process 1 of the job .* is already running \(pid"):
         claim_id("127.0.0.1", port, 1, 3, deadline)
-    with pytest.raises(ValueError, match=r"has 3 processes, this process was started with "):
+    with pytest.raises(
+        ValueError, match=r"has 3 processes, this process was started with num_processes=4: "
+    ):
         claim_id("127.0.0.1", port, 2, 4, deadline)
     first.close()  # its holder exits: the id is free again (once process 0 sees the EOF)
     while True:

@@ -115,7 +115,9 @@ def test_fit_refuses_a_checkpoint_of_other_data_unless_asked(tmp_path):
 
     run(1, {"train": "aaaa"})
     with pytest.raises(
-        ValueError, match=r"read other data: train data: fingerprint aaaa then, bbbb"
+        ValueError,
+        match=r"read other data: train data: fingerprint aaaa then, bbbb.*on purpose with "
+        r"Checkpointing\(accept_changed_data=True\); or use another checkpoint directory",
     ):
         run(2, {"train": "bbbb"})
     with pytest.warns(ChangedDataWarning, match="on changed data, as asked: train data"):

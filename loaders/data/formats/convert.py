@@ -150,7 +150,7 @@ def _npy(data: ArrayDataset, directory: Path, rows: int, progress) -> list[Path]
     if encoded:
         raise ValueError(
             f"{data.name}: field(s) {encoded} hold encoded bytes, which .npy files cannot "
-            "(they hold numbers); convert to parquet instead (--to parquet)"
+            "(they hold numbers); convert to parquet instead (to='parquet')"
         )
     out = []
     for name, field in data.arrays.items():

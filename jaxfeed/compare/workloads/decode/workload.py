@@ -378,7 +378,7 @@ def _check_fields(data: Any, dataset: str) -> None:
     """
     if "image" not in data.bytes_fields() or "label" not in data.arrays:
         raise ValueError(
-            f"--workload decode on {dataset} decodes an 'image' field of encoded image "
+            f"the decode workload on {dataset} decodes an 'image' field of encoded image "
             f"bytes with its 'label'; the files hold {sorted(data.arrays)}"
         )
 
