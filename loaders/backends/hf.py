@@ -100,7 +100,7 @@ class HFSource(SampledSource):
             raise ValueError(f"read must be one of {READS}, got {read!r}")
         self.read = read
         # The user's own Arrow files, read in place (no copy), or the Arrow copy.
-        self.files, self.path = tuple(dataset.arrow_files), None
+        self.files, self.path = dataset.in_place.arrow if dataset.in_place else (), None
         if not self.files:
             self.path = _read_arrow_cache(self, dataset)
             self.files = (str(self.path / ARROW_FILE),)
@@ -145,7 +145,7 @@ class HFSource(SampledSource):
     def _read_rows(self) -> list[MappedRows]:
         """The Arrow copy's rows (what this source reads), chunk by chunk; bools
         (bit-packed) are left to the kernel."""
-        if not self._chunks or self.dataset.arrow_files:  # the user's own columns' layouts
+        if not self._chunks or self.path is None:  # the user's own files' columns' layouts
             return []
         layouts = []
         for column, array in enumerate(self.dataset.arrays.values()):
