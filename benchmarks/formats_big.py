@@ -145,9 +145,7 @@ def _dataset(data: Path, copy: bool):
     if not copy:
         return loaders.load_dataset(data)
     fields, description = formats._copied(formats.locate(data, "train", ["train"]), "train")
-    dataset = ArrayDataset("copied/train", fields)
-    dataset.units = tuple(description["units"])
-    return dataset
+    return ArrayDataset("copied/train", fields, units=description["units"])
 
 
 def _source_files(data: Path) -> list[Path]:

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 import types
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -13,9 +14,27 @@ from jaxfeed.loaders._io.mapped_files import memmap_of
 from jaxfeed.loaders.bytes_field import BytesField
 from jaxfeed.loaders.protocol import MASK_KEY
 
-__all__ = ["ArrayDataset"]
+__all__ = ["ArrayDataset", "InPlaceFiles"]
 
 NUMERIC_KINDS = "biuf"  # bool, signed, unsigned, float: what every backend stores
+
+
+@dataclasses.dataclass(frozen=True)
+class InPlaceFiles:
+    """The user's files a dataset read from them is read in place from, by the
+    backend that opens them with its own framework (the others read its fields).
+
+    Attributes:
+      arrow: Arrow IPC files, in order, which the hf backend opens with
+        `datasets` itself (no Arrow copy); () when none.
+      arrayrecord: ArrayRecord files that hold records, in order, which the
+        grain backend reads through Grain's own source; () when none.
+      examples: whether those ArrayRecord files hold Examples (else raw records).
+    """
+
+    arrow: tuple[str, ...] = ()
+    arrayrecord: tuple[str, ...] = ()
+    examples: bool = False
 
 
 class ArrayDataset(Mapping[str, np.ndarray]):
@@ -44,6 +63,8 @@ class ArrayDataset(Mapping[str, np.ndarray]):
       arrays: field name -> array with the rows on axis 0.
       transform: the per-record transform ``make`` runs when it is given
         none (a named encoded dataset's own augmentation); None: none.
+      classes, units, in_place: what a dataset read from files knows of
+        them, kept as the attributes of these names (below); none by default.
 
     Raises:
       TypeError: ``arrays`` is not a mapping of names to arrays.
@@ -61,22 +82,17 @@ class ArrayDataset(Mapping[str, np.ndarray]):
       (10, ['x', 'y'], dtype('int32'))
     """
 
-    classes: tuple[str, ...] = ()
+    classes: tuple[str, ...]
     """The class names of a labelled dataset read from files (an image folder's
     subdirectories, a TFDS or HF ``ClassLabel``), by label; () when unknown."""
 
-    units: tuple[int, ...] = ()
+    units: tuple[int, ...]
     """The rows of each unit a dataset read from files came from, in order (a
     TFRecord/ArrayRecord shard, a Parquet row group, an Arrow record batch):
     ``shuffle="blocks"`` keeps its blocks inside them; () when none."""
 
-    arrow_files: tuple[str, ...] = ()
-    """For a dataset read in place from Arrow IPC files: the files in order,
-    which the hf backend opens with `datasets` itself (no Arrow copy)."""
-
-    record_files: tuple[tuple[str, ...], bool] | None = None
-    """For a dataset read from ArrayRecord files: ``(the files in order,
-    whether they hold Examples)``, which the grain backend reads in place."""
+    in_place: InPlaceFiles | None
+    """The user's files a backend reads in place of the fields; None: none."""
 
     _build: Callable[[], Mapping[str, Any]] | None = None  # of a `deferred` dataset
 
@@ -86,6 +102,9 @@ class ArrayDataset(Mapping[str, np.ndarray]):
         arrays: Mapping[str, np.ndarray],
         transform: Any = None,
         *,
+        classes: Sequence[str] = (),
+        units: Sequence[int] = (),
+        in_place: InPlaceFiles | None = None,
         deferred: tuple[int, Callable[[], Mapping[str, Any]]] | None = None,
     ):
         if not isinstance(arrays, Mapping):
@@ -108,6 +127,8 @@ class ArrayDataset(Mapping[str, np.ndarray]):
             raise ValueError(f"dataset {name!r} has no rows")
         self.name = name
         self.transform = transform
+        self.classes, self.units = tuple(classes), tuple(units)
+        self.in_place = in_place
         self._arrays: Mapping[str, np.ndarray | BytesField] | None = types.MappingProxyType(fields)
         self._rows = len(next(iter(fields.values())))
         self.head = types.MappingProxyType({key: value[:1] for key, value in fields.items()})
@@ -118,17 +139,28 @@ class ArrayDataset(Mapping[str, np.ndarray]):
 
     @classmethod
     def deferred(
-        cls, name: str, head: Mapping[str, Any], rows: int, build: Callable[[], Mapping[str, Any]]
+        cls,
+        name: str,
+        head: Mapping[str, Any],
+        rows: int,
+        build: Callable[[], Mapping[str, Any]],
+        *,
+        classes: Sequence[str] = (),
+        units: Sequence[int] = (),
+        in_place: InPlaceFiles | None = None,
     ) -> ArrayDataset:
         """A dataset whose fields are built by ``build()`` on first use of
         `arrays`: a backend that reads the user's files itself (grain over
-        ArrayRecord) needs only ``head`` (row 0 of each field, as
-        `ArrayDataset` would hold it) and ``rows``, and never builds them.
+        ArrayRecord, ``in_place``) needs only ``head`` (row 0 of each field,
+        as `ArrayDataset` would hold it) and ``rows``, and never builds them.
+        ``classes``, ``units``, ``in_place``: as `ArrayDataset` takes them.
 
         Raises:
           ValueError: (at the build) fields that disagree with ``head`` or ``rows``.
         """
-        return cls(name, head, deferred=(rows, build))
+        return cls(
+            name, head, classes=classes, units=units, in_place=in_place, deferred=(rows, build)
+        )
 
     @property
     def arrays(self) -> Mapping[str, np.ndarray | BytesField]:

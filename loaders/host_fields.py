@@ -47,8 +47,10 @@ def split_host_fields(
         raise ValueError(
             f"host_fields={tuple(names)!r} leave no field of {data.name} for the device"
         )
-    rest = ArrayDataset(data.name, kept, transform=data.transform)
-    rest.classes, rest.units = data.classes, data.units
+    # Not its files read in place: they hold the host fields too.
+    rest = ArrayDataset(
+        data.name, kept, transform=data.transform, classes=data.classes, units=data.units
+    )
     return rest, {n: data.arrays[n] for n in dict.fromkeys(names)}
 
 

@@ -8,6 +8,8 @@ else of jaxfeed, so every room above may use it.
 - `read_depth`: how many of those reads to keep outstanding, from the
   throughput they reach.
 - `read_ahead`: one thread body reading an iterator into a bounded queue.
+- `on_disk_fields`: a source's fields as the disk holds them: page-cache
+  advice, read-ahead set up, and the check that their files were not cut short.
 - `owner_lock`: who owns a scratch or batch directory, by an ``flock`` that
   dies with its process.
 """

@@ -270,10 +270,10 @@ class GrainSource(SampledSource):
         transform: RecordTransform | None = None,
     ):
         super().__init__(dataset, sampler, order, transform)
-        record_files = getattr(dataset, "record_files", None)
+        in_place = dataset.in_place.arrayrecord if dataset.in_place else ()
         if source is None:
-            source = "files" if record_files else "memory"
-        if source == "files" and not record_files:
+            source = "files" if in_place else "memory"
+        if source == "files" and not in_place:
             raise ValueError(f"source='files' reads ArrayRecord files; {dataset.name} is not")
         if source not in SOURCES:
             raise ValueError(f"source must be one of {SOURCES}, got {source!r}")
@@ -286,8 +286,7 @@ class GrainSource(SampledSource):
         if source == "memory":
             self.records = ArrayRows(dataset.arrays)
         elif source == "files":
-            files, examples = record_files
-            self.records = ArrayRecordRows(files, examples, dataset)
+            self.records = ArrayRecordRows(in_place, dataset.in_place.examples, dataset)
         else:
             self.records = TfdsSource(_tfds_data_source(dataset), dataset)
         self._workers: _Reader | None = None

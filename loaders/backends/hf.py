@@ -36,6 +36,7 @@ import datasets
 import numpy as np
 import pyarrow as pa
 from jaxfeed.loaders._io.disk_read_ahead import MappedRows
+from jaxfeed.loaders._io.on_disk_fields import OnDiskFields
 from jaxfeed.loaders.array_dataset import ArrayDataset
 from jaxfeed.loaders.backends.sampled_source import SampledSource
 from jaxfeed.loaders.bytes_field import BytesField
@@ -99,7 +100,7 @@ class HFSource(SampledSource):
             raise ValueError(f"read must be one of {READS}, got {read!r}")
         self.read = read
         # The user's own Arrow files, read in place (no copy), or the Arrow copy.
-        self.files, self.path = tuple(dataset.arrow_files), None
+        self.files, self.path = dataset.in_place.arrow if dataset.in_place else (), None
         if not self.files:
             self.path = _read_arrow_cache(self, dataset)
             self.files = (str(self.path / ARROW_FILE),)
@@ -129,10 +130,22 @@ class HFSource(SampledSource):
                     batch = self.transform.batch(batch, batch_indices, epoch)
                 yield batch
 
+    def _on_disk(self) -> OnDiskFields:
+        """The dataset's arrays, and the memory-mapped Arrow file this source
+        reads: advised, and its rows read ahead."""
+        disk = super()._on_disk()
+        mapped = list(disk.mapped)
+        for chunk in self._chunks or ():
+            for column in chunk.columns:
+                for buffer in column.buffers():
+                    if buffer is not None:
+                        mapped.append(np.frombuffer(buffer, np.uint8))
+        return disk._replace(mapped=mapped, layouts=self._read_rows())
+
     def _read_rows(self) -> list[MappedRows]:
         """The Arrow copy's rows (what this source reads), chunk by chunk; bools
         (bit-packed) are left to the kernel."""
-        if not self._chunks or self.dataset.arrow_files:  # the user's own columns' layouts
+        if not self._chunks or self.path is None:  # the user's own files' columns' layouts
             return []
         layouts = []
         for column, array in enumerate(self.dataset.arrays.values()):
@@ -142,14 +155,6 @@ class HFSource(SampledSource):
             bases = np.array([buffer.address for buffer in data], np.int64)
             layouts.append(MappedRows(bases, self._chunks[0].num_rows, array[:1].nbytes))
         return layouts
-
-    def _mapped_arrays(self) -> Iterator[np.ndarray]:
-        yield from super()._mapped_arrays()
-        for chunk in self._chunks or ():  # the memory-mapped Arrow file this source reads
-            for column in chunk.columns:
-                for buffer in column.buffers():
-                    if buffer is not None:
-                        yield np.frombuffer(buffer, np.uint8)
 
     def _native_epoch(self, epoch: int) -> Iterator[Mapping[str, np.ndarray]]:
         s = self.sampler

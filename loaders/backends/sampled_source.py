@@ -8,12 +8,10 @@ from __future__ import annotations
 
 import abc
 import itertools
-import os
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 import numpy as np
-from jaxfeed.loaders._io.disk_read_ahead import DiskReadAhead, MappedRows, mapped_rows
-from jaxfeed.loaders._io.mapped_files import advise, file_rows
+from jaxfeed.loaders._io.on_disk_fields import OnDiskFields
 from jaxfeed.loaders._workers.record_pool import RecordPool, RowReader
 from jaxfeed.loaders.array_dataset import ArrayDataset
 from jaxfeed.loaders.bytes_field import BytesField
@@ -117,19 +115,19 @@ class SampledSource(abc.ABC):
     def iter_epoch(self, epoch: int = 0, *, start: int = 0) -> Iterator[Batch]:
         # Checked now, not at the first batch, and the same way in both orders.
         epoch, start = self.sampler.check_position(epoch, start)
-        _check_files_whole(self.dataset.name, self._read_fields())
+        disk = self._on_disk()
+        disk.check_whole()
         if self.order == "native":
-            return self._iter_native(epoch, start)
-        return self._iter_sampler(epoch, start)
+            return self._iter_native(epoch, start, disk)
+        return self._iter_sampler(epoch, start, disk)
 
-    def _iter_sampler(self, epoch: int, start: int) -> Iterator[Batch]:
+    def _iter_sampler(self, epoch: int, start: int, disk: OnDiskFields) -> Iterator[Batch]:
         plan = list(self.sampler.epoch_plan(epoch, start))
         index_batches = [indices for indices, _ in plan]
         # Blocks too: the read-ahead asks for each window's rows, and the kernel's
         # read-around of a fault that came first read blocks outside it.
-        self._advise(random_order=self.sampler.shuffle is True or self.sampler.shuffle == "blocks")
-        # On-disk fields: the kernel starts reading the next batches' rows early.
-        ahead = DiskReadAhead(self._read_rows(), index_batches, populate=self._gathers_here())
+        disk.advise(random_order=self.sampler.shuffle is True or self.sampler.shuffle == "blocks")
+        ahead = disk.read_ahead(index_batches, populate=self._gathers_here())
         try:
             if self._pool is not None:
                 fetched = self._pool.batches(index_batches, epoch)
@@ -141,8 +139,8 @@ class SampledSource(abc.ABC):
         finally:
             ahead.close()
 
-    def _iter_native(self, epoch: int, start: int) -> Iterator[Batch]:
-        self._advise(random_order=bool(self.sampler.shuffle))
+    def _iter_native(self, epoch: int, start: int, disk: OnDiskFields) -> Iterator[Batch]:
+        disk.advise(random_order=bool(self.sampler.shuffle))
         for batch in itertools.islice(self._native_batches(epoch), start, None):
             yield self._finish(batch, len(next(iter(batch.values()))))
 
@@ -164,40 +162,31 @@ class SampledSource(abc.ABC):
         if self._pool is not None:
             self._pool.close()
 
-    def _advise(self, random_order: bool) -> None:
-        """Page-sized reads of on-disk rows for a random order of data that the
-        page cache cannot hold, read-around otherwise
-        (`jaxfeed.loaders._io.mapped_files.advise`). Read-around warms data that
-        fits in memory faster (measured, 1M rows read cold: numpy 1.4M rows/s
-        with it, grain 547k without); past memory it reads ~3 MB per random
-        row. Block order past memory reads pages too: `DiskReadAhead` asks
-        for the rows of each window of blocks, and a fault that came before it
-        read the 8 MiB around it (this machine's ``read_ahead_kb``), mostly
-        neighbouring blocks evicted before their turn (36M rows cold: 1.34-1.48
-        bytes read per byte used, 1.06 with page reads). A backend that reads
-        its own mapped copy (hf) advises that too."""
-        random = random_order and _bigger_than_half_of_memory(self._read_fields().values())
-        for array in self._mapped_arrays():
-            advise(array, random)
-
     def _gathers_here(self) -> bool:
         """Whether this process gathers the rows (not worker processes, whose
         mappings are their own)."""
         return self._pool is None
-
-    def _read_rows(self) -> list[MappedRows]:
-        """Where the rows this source reads lie, for those mapped from files."""
-        return mapped_rows(list(self._read_fields().values()))
 
     def _read_fields(self) -> Mapping[str, np.ndarray | BytesField]:
         """The dataset's fields this source reads (none where the backend reads
         the user's files itself, so a `deferred` dataset's are never built)."""
         return self.dataset.arrays
 
-    def _mapped_arrays(self) -> Iterator[np.ndarray]:
-        """The arrays this source reads that may be mapped from files."""
-        for array in self._read_fields().values():
-            yield from array.content() if isinstance(array, BytesField) else (array,)
+    def _on_disk(self) -> OnDiskFields:
+        """The arrays this source reads, for the I/O room (a backend that reads
+        its own mapped copy, hf, adds that)."""
+        fields = self._read_fields()
+        in_files, mapped = {}, []
+        for name, array in fields.items():
+            if isinstance(array, BytesField):
+                mapped.extend(array.content())
+                if array.places is not None:  # read in place from the user's files
+                    in_files[name] = array.data
+            else:
+                mapped.append(array)
+                in_files[name] = array
+        nbytes = sum(array.nbytes for array in fields.values())
+        return OnDiskFields(self.dataset.name, len(self.dataset), in_files, mapped, nbytes)
 
     def __len__(self) -> int:
         return self.num_batches
@@ -251,48 +240,3 @@ class SampledSource(abc.ABC):
             out = {key: pad_rows(value[:num_valid], self.batch_size) for key, value in out.items()}
         out[MASK_KEY] = np.arange(self.batch_size) < num_valid
         return out
-
-
-def _check_files_whole(dataset: str, fields: Mapping[str, np.ndarray | BytesField]) -> None:
-    """Each on-disk field's file still holds all its rows: one truncated
-    under a live source kills the process at the first read of a page that is
-    gone (SIGBUS), with no word of which file.
-
-    Raises:
-      ValueError: naming the field, the file and the bytes missing.
-    """
-    for name, array in fields.items():
-        if isinstance(array, BytesField) and array.places is not None:
-            for buffer in array.data:  # the user's files a field is read in place from
-                _check_file_whole(dataset, name, file_rows(buffer), len(array), len(buffer))
-            continue
-        rows = file_rows(array) if isinstance(array, np.ndarray) else None
-        if rows is not None:
-            _check_file_whole(dataset, name, rows, len(array), len(array) * rows.row_bytes)
-
-
-def _check_file_whole(dataset: str, name: str, rows, count: int, nbytes: int) -> None:
-    """`_check_files_whole` for one file, whose ``count`` rows of ``nbytes`` lie at ``rows``."""
-    if rows is not None:
-        need = rows.offset + nbytes
-        try:
-            size = os.stat(rows.path).st_size
-        except FileNotFoundError:
-            return  # deleted: its pages stay readable while mapped
-        if size < need:
-            raise ValueError(
-                f"dataset {dataset!r}, field {name!r}: {rows.path} holds {size} bytes, "
-                f"but its {count} rows end at byte {need}: the file was cut short after "
-                "it was opened, and reading it would crash the process (SIGBUS); make the "
-                "source again once the file is complete"
-            )
-
-
-def _bigger_than_half_of_memory(fields: Iterable[np.ndarray | BytesField]) -> bool:
-    """Whether the ``fields`` (a dataset's) exceed half of this machine's
-    memory (then the page cache cannot keep them between epochs)."""
-    try:
-        memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError):
-        return True
-    return sum(field.nbytes for field in fields) > memory // 2

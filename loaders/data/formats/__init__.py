@@ -35,7 +35,7 @@ import re
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from jaxfeed.loaders.array_dataset import ArrayDataset
+from jaxfeed.loaders.array_dataset import ArrayDataset, InPlaceFiles
 from jaxfeed.loaders.data.cache import build_once, cache_root
 from jaxfeed.loaders.data.formats import (
     arrayrecord,
@@ -65,12 +65,14 @@ def load_files(found: Found, split: str) -> ArrayDataset:
         return _records_in_place(found, split)
     in_place = _in_place(found, split)
     fields, description = in_place or _copied(found, split)
-    dataset = ArrayDataset(f"{found.name}/{split}", fields)
-    dataset.classes = tuple(description.get("classes", ()))
-    dataset.units = tuple(description.get("units", ()))
-    if in_place:
-        dataset.arrow_files = tuple(str(path.resolve()) for path in found.files)
-    return dataset
+    files = InPlaceFiles(arrow=tuple(str(p.resolve()) for p in found.files)) if in_place else None
+    return ArrayDataset(
+        f"{found.name}/{split}",
+        fields,
+        classes=description.get("classes", ()),
+        units=description.get("units", ()),
+        in_place=files,
+    )
 
 
 def _records_in_place(found: Found, split: str) -> ArrayDataset:
@@ -79,12 +81,16 @@ def _records_in_place(found: Found, split: str) -> ArrayDataset:
     counts = arrayrecord.record_counts(found.files)
     head, examples = arrayrecord.first_row(found.files)
     build = functools.partial(_copied_fields, found, split, _entry(found, split))
-    dataset = ArrayDataset.deferred(f"{found.name}/{split}", head, sum(counts), build)
-    dataset.classes = tuple(found.classes)
-    dataset.units = tuple(count for count in counts if count)
     files = tuple(str(path) for path, count in zip(found.files, counts, strict=True) if count)
-    dataset.record_files = (files, examples)
-    return dataset
+    return ArrayDataset.deferred(
+        f"{found.name}/{split}",
+        head,
+        sum(counts),
+        build,
+        classes=found.classes,
+        units=[count for count in counts if count],
+        in_place=InPlaceFiles(arrayrecord=files, examples=examples),
+    )
 
 
 def _copied_fields(found: Found, split: str, entry: Path) -> dict:

@@ -10,11 +10,10 @@ import time
 
 import numpy as np
 import pytest
-from jaxfeed.loaders._io import disk_read_ahead
+from jaxfeed.loaders._io import disk_read_ahead, on_disk_fields
 from jaxfeed.loaders._io.disk_read_ahead import DiskReadAhead, mapped_rows
 from jaxfeed.loaders._io.mapped_files import MADV_POPULATE_READ, memmap_of
 from jaxfeed.loaders._io.read_depth import ReadDepth
-from jaxfeed.loaders.backends import sampled_source
 from jaxfeed.loaders.sampler import Sampler
 
 from jaxfeed import loaders
@@ -130,7 +129,7 @@ def test_batches_are_byte_identical_with_read_ahead_on_and_off(on_disk, monkeypa
     _evict(on_disk)
     with_read_ahead = list(source.iter_epoch(1))
     assert reads  # the readers faulted rows in
-    monkeypatch.setattr(sampled_source, "DiskReadAhead", _NoReadAhead)
+    monkeypatch.setattr(on_disk_fields, "DiskReadAhead", _NoReadAhead)
     _evict(on_disk)
     without = list(source.iter_epoch(1))
     assert len(with_read_ahead) == len(without) == source.num_batches
@@ -229,7 +228,7 @@ def test_past_memory_shuffled_orders_read_pages_not_read_around(
     on_disk, monkeypatch, shuffle, random
 ):
     # Block order read around a fault too: 1.34-1.48 bytes read per byte used, cold.
-    monkeypatch.setattr(sampled_source, "_bigger_than_half_of_memory", lambda dataset: True)
+    monkeypatch.setattr(on_disk_fields, "_bigger_than_half_of_memory", lambda nbytes: True)
     kwargs = {"block_rows": 500} if shuffle == "blocks" else {}
     source = loaders.make("numpy", dataset=on_disk, batch_size=256, shuffle=shuffle, **kwargs)
     next(iter(source.iter_epoch(0)))

@@ -91,7 +91,7 @@ def test_hf_reads_the_files_through_datasets_with_no_arrow_copy(
     monkeypatch.setenv("JAXFEED_CACHE_DIR", str(tmp_path))
     dataset = loaders.load_dataset(written[name], split="train")
     source = loaders.make("hf", dataset=dataset, batch_size=7, seed=5, transform=augment_image)
-    assert source.path is None and source.files == dataset.arrow_files
+    assert source.path is None and source.files == dataset.in_place.arrow
     assert sorted(os.listdir(tmp_path)) == ["formats"]  # no hf/ Arrow copy
     for epoch in (0, 1):
         want = list(
