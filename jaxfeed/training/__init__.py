@@ -32,19 +32,7 @@ _HOMES = {
     "evaluate_metrics": "steps",
     "fit": "loop",
 }
-__all__ = [
-    "Callback",
-    "CheckpointError",
-    "Checkpointing",
-    "FitResult",
-    "Logging",
-    "NonFiniteMetric",
-    "Preempted",
-    "TopologyChangedWarning",
-    "batch_mask",
-    "evaluate_metrics",
-    "fit",
-]
+__all__ = sorted(_HOMES)
 
 
 def __getattr__(name: str) -> Any:
