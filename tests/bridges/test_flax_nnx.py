@@ -209,11 +209,16 @@ def test_the_tutorial_port_reproduces_the_tutorials_numbers():
     for name in ("accuracy", "loss"):
         tutorial = np.array(history[f"train_{name}"] + history[f"test_{name}"], np.float32)
         port = np.array([r[name] for r in records] + [r[f"eval_{name}"] for r in records])
-        # Identical, not close: the same batches and the same float32 steps (the
-        # parameters below are bit-identical). The tutorial's loss total adds batch means,
-        # the port's adds per-row sums, exactly 32 times as large (a power of two); its
-        # float64 mean, rounded to float32, is the tutorial's float32 division.
-        assert port.astype(np.float32).tolist() == tutorial.tolist(), name
+        # The same batches and the same float32 steps (the parameters below are
+        # bit-identical), so accuracy (a count) is identical. The loss is not summed
+        # alike: the tutorial adds batch means, the port per-row sums, 32 times as
+        # large (a power of two); XLA's CPU code adds the rows in an order that
+        # differs by CPU, so the two agree to float32's rounding of a sum of 32
+        # (one ulp, 1.2e-7, seen on an AMD EPYC; identical on a Xeon).
+        if name == "accuracy":
+            assert port.astype(np.float32).tolist() == tutorial.tolist(), name
+        else:
+            np.testing.assert_allclose(port.astype(np.float32), tutorial, rtol=1e-6, err_msg=name)
     assert records[-1]["eval_accuracy"] > 0.5  # it learned (10 classes)
 
     trained, _, _ = nnx.merge(*result.state)
