@@ -89,7 +89,12 @@ def image_transform(dataset: Any, data_dir: Any, resize: bool) -> Any:
     """The transform that turns a dataset's encoded ``image`` bytes (an image
     folder, TFRecord shards of Examples, ...) into what the example MLP
     takes, uint8 ``[28, 28, 1]``; None for a dataset of arrays or one that
-    brings its own transform."""
+    brings its own transform. An image folder's images are checked first
+    (`check_image_folder`).
+
+    Raises:
+      ValueError: an image of an image folder that `decode_for_mlp` refuses.
+    """
     from jaxfeed import loaders
 
     if dataset in loaders.DATASETS:  # named: arrays, or with their own transform
@@ -97,7 +102,91 @@ def image_transform(dataset: Any, data_dir: Any, resize: bool) -> Any:
     data = loaders.load_dataset(dataset, "train", data_dir=data_dir)
     if data.transform is not None or "image" not in data.bytes_fields():
         return None
+    check_image_folder(dataset)
     return functools.partial(decode_for_mlp, resize=resize)
+
+
+def check_image_folder(dataset: str) -> None:
+    """Each image of an image folder's splits (none for other data) opened
+    for its mode, so a mode `decode_for_mlp` refuses is named with its file
+    before the first step, not as a row of a later batch. Headers only,
+    except images with an alpha channel, whose every pixel is checked.
+
+    Raises:
+      ValueError: naming the file, its mode and the fix.
+    """
+    from PIL import Image
+
+    from jaxfeed.loaders.data.formats import imagefolder, locate
+    from jaxfeed.loaders.data.on_disk import MissingSplitError
+
+    for split in ("train", "test"):
+        try:
+            found = locate(dataset, split, ("train", "test"))
+        except MissingSplitError:
+            continue
+        if found is None or found.format != "imagefolder":
+            return
+        for path, _ in imagefolder.folder_files(found.files[0], list(found.classes)):
+            with Image.open(path) as image:
+                refusal = image_refusal(image)
+            if refusal:
+                raise ValueError(f"{path} {refusal}")
+
+
+# Modes read as 8-bit grey by Pillow's own conversion: 1 as 0/255, P through
+# its palette, RGB (and CMYK through RGB) as ITU-R 601-2 luma; alpha, all
+# opaque, dropped.
+_EIGHT_BIT = frozenset(("1", "L", "P", "RGB", "CMYK", "LA", "PA", "RGBA"))
+_SIXTEEN_BIT = frozenset(("I;16", "I;16B", "I;16L", "I;16N"))
+_ALPHA = frozenset(("LA", "PA", "RGBA"))
+
+
+def _sixteen_bit(image: Any) -> bool:
+    # A 16-bit PGM opens as "I" scaled to 0..65535 (Pillow 13), as a 16-bit
+    # grey PNG did before Pillow 10.
+    return image.mode in _SIXTEEN_BIT or (image.mode == "I" and image.format in ("PNG", "PPM"))
+
+
+def image_refusal(image: Any) -> str | None:
+    """Why `decode_for_mlp` cannot read a Pillow image's values as 8-bit grey
+    (the end of a sentence naming it), or None if it can."""
+    mode = image.mode
+    if mode not in _EIGHT_BIT and not _sixteen_bit(image):
+        kind = {"I": " (32-bit integers)", "F": " (32-bit floats)"}.get(mode, "")
+        return (
+            f"is of mode {mode!r}{kind}, whose values jaxfeed train cannot map to 8-bit grey "
+            "exactly (it reads modes 1, L, P, RGB, CMYK, opaque LA/PA/RGBA and 16-bit I;16); "
+            "save it as 8-bit grayscale ('L') or a 16-bit grayscale PNG, or train your own "
+            "model with jaxfeed.fit"
+        )
+    if mode in _ALPHA or "transparency" in image.info:
+        low = image.convert("RGBA").getchannel("A").getextrema()[0]
+        if low < 255:
+            return (
+                f"has transparent pixels (mode {mode!r}, alpha down to {low} of 255), and "
+                "jaxfeed train would read the colour under them, not the image you see; "
+                "flatten it onto its background (PIL: Image.alpha_composite) and save it "
+                "without alpha"
+            )
+    return None
+
+
+def grey8(image: Any) -> Any:
+    """A Pillow image as 8-bit grey (mode L) by the rules of `image_refusal`'s
+    modes: 16-bit values scaled to 8 bits by ``round(v * 255 / 65535)``
+    (exact for an 8-bit image saved as 16-bit, ``v = 257 * k``; Pillow's own
+    conversion clips every value past 255 to white)."""
+    from PIL import Image
+
+    if _sixteen_bit(image):
+        wide = np.asarray(image).astype(np.uint32)
+        return Image.fromarray(((wide * 255 + 32767) // 65535).astype(np.uint8))
+    if image.mode == "CMYK":
+        image = image.convert("RGB")
+    elif image.mode == "PA" or "transparency" in image.info:  # (opaque: checked)
+        image = image.convert("RGBA")
+    return image.convert("L")
 
 
 def decode_for_mlp(record: dict, rng: np.random.Generator, resize: bool) -> dict:
@@ -106,11 +195,16 @@ def decode_for_mlp(record: dict, rng: np.random.Generator, resize: bool) -> dict
 
     Raises:
       ValueError: the image is of another size and ``resize`` is off; the
-        message names the size and the option that fixes it.
+        message names the size and the option that fixes it. The image's
+        mode cannot be read exactly (`image_refusal`).
     """
     from PIL import Image
 
-    image = Image.open(io.BytesIO(record["image"])).convert("L")
+    with Image.open(io.BytesIO(record["image"])) as opened:
+        refusal = image_refusal(opened)
+        if refusal:
+            raise ValueError(f"the image {refusal}")
+        image = grey8(opened)
     if image.size != (IMAGE_SIDE, IMAGE_SIDE):
         if not resize:
             width, height = image.size

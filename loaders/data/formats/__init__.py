@@ -139,10 +139,11 @@ def _content_files(found: Found) -> Iterator[Path]:
         yield from (path.resolve() for path in found.files)
         return
     for directory in (path.resolve() for path in found.files):
+        subdirectories = imagefolder.class_directories(directory)  # by NFC name
         for name in found.classes:
-            if (directory / name).is_dir():
-                yield directory / name
-                yield from imagefolder.files_in(directory / name)
+            if name in subdirectories:
+                yield subdirectories[name]
+                yield from imagefolder.files_in(subdirectories[name])
 
 
 def _write(found: Found, scratch: Path) -> None:

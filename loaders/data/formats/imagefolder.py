@@ -2,13 +2,15 @@
 
 Fields ``image`` (the file's encoded bytes, decoded by ``transform=``) and
 ``label`` (int32: the class's index in sorted subdirectory order); the
-class names are the subdirectories'. Files are taken recursively, in sorted
-order, within each class.
+class names are the subdirectories', in Unicode NFC, so a name spelled NFC in
+one split and NFD in another (as macOS writes it) is one class. Files are
+taken recursively, in sorted order, within each class.
 """
 
 from __future__ import annotations
 
 import os
+import unicodedata
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -17,9 +19,11 @@ import numpy as np
 
 __all__ = [
     "IMAGE_SUFFIXES",
+    "class_directories",
     "files_in",
     "folder_batches",
     "folder_classes",
+    "folder_files",
     "is_image_folder",
     "read_files",
 ]
@@ -92,9 +96,33 @@ def is_image_folder(directory: Path) -> bool:
     )
 
 
+def class_directories(directory: Path) -> dict[str, Path]:
+    """The class subdirectories (not hidden ones) by class name: the
+    directory's name in Unicode NFC.
+
+    Raises:
+      ValueError: two subdirectories whose names are one name in NFC (both
+        spellings named, with their code points).
+    """
+    found: dict[str, Path] = {}
+    for path in sorted(directory.iterdir()):
+        if not path.is_dir() or path.name.startswith("."):
+            continue
+        name = unicodedata.normalize("NFC", path.name)
+        if name in found:
+            first, second = found[name].name, path.name
+            raise ValueError(
+                f"{directory} holds class directories {first!r} ({first!a}) and "
+                f"{second!r} ({second!a}): one name ({name!r}) in two Unicode "
+                "spellings, which would be one class; merge them into one directory"
+            )
+        found[name] = path
+    return found
+
+
 def folder_classes(directory: Path) -> list[str]:
-    """The class names: the subdirectories, sorted."""
-    return sorted(p.name for p in directory.iterdir() if p.is_dir() and not p.name.startswith("."))
+    """The class names: the subdirectories' names in NFC, sorted."""
+    return sorted(class_directories(directory))
 
 
 def folder_batches(directory: Path, classes: list[str]) -> Iterator[dict]:
@@ -102,7 +130,8 @@ def folder_batches(directory: Path, classes: list[str]) -> Iterator[dict]:
     a class this split has no subdirectory for is skipped.
 
     Raises:
-      ValueError: a class subdirectory without images (named).
+      ValueError: a class subdirectory without images (named); two class
+        subdirectories whose names are one name in NFC.
     """
     with ThreadPoolExecutor(_READERS, thread_name_prefix="jaxfeed-imagefolder") as pool:
         for files, labels in _chunks(directory, classes):
@@ -113,24 +142,35 @@ def folder_batches(directory: Path, classes: list[str]) -> Iterator[dict]:
             }
 
 
+def folder_files(directory: Path, classes: list[str]) -> Iterator[tuple[str, int]]:
+    """Each image file of ``directory`` with its label, in row order.
+
+    Raises:
+      ValueError: as `folder_batches`.
+    """
+    subdirectories = class_directories(directory)
+    for label, name in enumerate(classes):
+        if name not in subdirectories:
+            continue
+        files = _images(subdirectories[name])
+        if not files:
+            raise ValueError(
+                f"{subdirectories[name]} holds no images ({', '.join(sorted(IMAGE_SUFFIXES))}): "
+                "every class subdirectory of an image folder needs some; remove it or add them"
+            )
+        for file in files:
+            yield file, label
+
+
 def _chunks(directory: Path, classes: list[str]) -> Iterator[tuple[list[str], np.ndarray]]:
     """The files in order, ``_BATCH_ROWS`` at a time, with their labels."""
     pending: list[str] = []
     labels: list[int] = []
-    for label, name in enumerate(classes):
-        if not (directory / name).is_dir():
-            continue
-        files = _images(directory / name)
-        if not files:
-            raise ValueError(
-                f"{directory / name} holds no images ({', '.join(sorted(IMAGE_SUFFIXES))}): "
-                "every class subdirectory of an image folder needs some; remove it or add them"
-            )
-        for file in files:
-            pending.append(file)
-            labels.append(label)
-            if len(pending) == _BATCH_ROWS:
-                yield pending, np.array(labels, np.int32)
-                pending, labels = [], []
+    for file, label in folder_files(directory, classes):
+        pending.append(file)
+        labels.append(label)
+        if len(pending) == _BATCH_ROWS:
+            yield pending, np.array(labels, np.int32)
+            pending, labels = [], []
     if pending:
         yield pending, np.array(labels, np.int32)
