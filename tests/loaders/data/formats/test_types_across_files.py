@@ -120,21 +120,26 @@ def test_the_copy_refuses_a_later_batch_its_dtype_does_not_hold(tmp_path):
     writer.close()
 
 
-def _tfrecord(path, rows: list[dict]) -> None:
+def _tfrecord(path, records: list[bytes]) -> None:
     with open(path, "wb") as file:
-        for row in rows:
-            data = serialize_example(row)
+        for data in records:
             length = struct.pack("<Q", len(data))
             file.write(length + struct.pack("<I", masked_crc32c(length)))
             file.write(data + struct.pack("<I", masked_crc32c(data)))
 
 
-def test_a_tfrecord_feature_of_another_kind_in_a_later_shard_is_refused(tmp_path):
-    """Example features are int64 or float32 only: a shard that holds another
-    kind is refused naming its file and record (as it was before)."""
-    _tfrecord(tmp_path / "train-0.tfrecord", [{"x": np.array([1], np.int64)}])
-    _tfrecord(tmp_path / "train-1.tfrecord", [{"x": np.array([0.5], np.float32)}])
+@pytest.mark.parametrize("kind", ["tfrecord", "array_record"])
+def test_an_example_feature_of_another_kind_in_a_later_shard_is_refused(tmp_path, kind):
+    """Example features are int64 or float32 only, and a shard whose feature
+    is of the other kind is refused naming its file and record."""
+    from format_files import write_arrayrecord
+
+    write = _tfrecord if kind == "tfrecord" else write_arrayrecord
+    write(tmp_path / f"train-0.{kind}", [serialize_example({"x": np.array([1], np.int64)})])
+    write(tmp_path / f"train-1.{kind}", [serialize_example({"x": np.array([0.5], np.float32)})])
     with pytest.raises(
-        ValueError, match=r"train-1\.tfrecord, record 0: feature 'x' holds 1 float values where"
+        ValueError,
+        match=rf"train-1\.{kind}, record 0: feature 'x' holds float values where the first "
+        "record holds int64: jaxfeed reads a feature as one kind",
     ):
-        loaders.load_dataset(tmp_path)
+        np.asarray(loaders.load_dataset(tmp_path)["x"])
