@@ -160,7 +160,7 @@ def _warn_left_out(directory: Path, format: str | None) -> None:
     """Warns of the files beside ``directory``'s split subdirectories, and in
     a subdirectory named for a split jaxfeed does not read (``validation/``):
     no split reads them (as for ``.npy`` directories), and a user should know."""
-    others = [d for d in directory.iterdir() if d.name.lower() in _OTHER_SPLITS and d.is_dir()]
+    others = sorted(d for d in directory.iterdir() if d.name.lower() in _OTHER_SPLITS)
     left = [
         *_format_files(directory, format),
         *(f for d in others for f in _format_files(d, format)),
