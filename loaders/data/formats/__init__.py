@@ -50,7 +50,9 @@ from jaxfeed.loaders.data.formats.example import example_batches
 
 __all__ = ["FORMATS", "load", "load_files", "locate", "unknown_directory"]
 
-LAYOUT_VERSION = "v2"  # of the columnar copy: bumping it stops old copies from being reused
+# Of the columnar copy: bumping it stops old copies from being reused (v3: a
+# column whose type differs between files is widened or refused, not wrapped).
+LAYOUT_VERSION = "v3"
 
 
 def load_files(found: Found, split: str) -> ArrayDataset:
@@ -165,7 +167,8 @@ def _batches(found: Found, units: list[int]) -> Iterator[dict]:
     if found.format == "imagefolder":
         return imagefolder.folder_batches(found.files[0], list(found.classes))
     if kind in ("parquet", "arrow"):
-        return itertools.chain.from_iterable(_table(p, kind, units) for p in found.files)
+        types = tables.common_types(found.files, kind)
+        return itertools.chain.from_iterable(_table(p, kind, units, types) for p in found.files)
     readers = {
         "tfrecord": tfrecord.tfrecord_records,
         "arrayrecord": arrayrecord.arrayrecord_records,
@@ -190,10 +193,10 @@ def _counted(records: Iterator, units: list[int]) -> Iterator:
         units.append(count)
 
 
-def _table(path: Path, kind: str, units: list[int]) -> Iterator[dict]:
+def _table(path: Path, kind: str, units: list[int], types: dict) -> Iterator[dict]:
     """One Parquet file's batches, then its row groups' rows to ``units``; an
-    Arrow file's record batches, each one unit."""
-    for batch in tables.table_batches(path, kind):
+    Arrow file's record batches, each one unit; ``types``: `tables.common_types`."""
+    for batch in tables.table_batches(path, kind, types):
         if kind == "arrow" and len(next(iter(batch.values()))):
             units.append(len(next(iter(batch.values()))))
         yield batch

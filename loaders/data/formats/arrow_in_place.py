@@ -12,7 +12,8 @@ batches' buffers are many pieces, not one array. Each record batch is a unit
 of ``shuffle="blocks"``.
 
 A split whose files cannot be read in place (compressed buffers, which
-pyarrow decompresses into memory; nulls, types the copy names in its error)
+pyarrow decompresses into memory; nulls, types the copy names in its error;
+a column whose type differs between files, which the copy widens)
 gets an index that says so, and why (`open_index` answers None): the caller
 builds the columnar copy instead, and that answer is cached like an index.
 """
@@ -30,7 +31,9 @@ from jaxfeed.loaders.data.formats import columns, tables
 
 __all__ = ["LAYOUT_VERSION", "NotInPlace", "open_index", "write_index"]
 
-LAYOUT_VERSION = "arrow-index-v1"  # of the index: bumping it stops old indexes from being reused
+# Of the index: bumping it stops old indexes from being reused (v2: files whose
+# column types differ are copied, widened, or refused, not wrapped).
+LAYOUT_VERSION = "arrow-index-v2"
 _PLACED = "placed.json"
 _REFUSED = "not-in-place.txt"
 
@@ -53,6 +56,9 @@ def write_index(paths: Sequence[Path], scratch: Path) -> None:
 
 
 def _write_index(paths: Sequence[Path], scratch: Path) -> None:
+    # A type no one type holds is refused here; one that widens, copied.
+    if widened := tables.common_types(paths, "arrow"):
+        raise NotInPlace(f"columns {sorted(widened)} differ in type between files")
     numeric = columns.ColumnWriter(scratch)
     placed: dict[str, dict] = {}  # name -> its files in scratch, open while indexing
     units: list[int] = []

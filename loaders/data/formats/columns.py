@@ -20,7 +20,14 @@ from typing import Any
 import numpy as np
 from jaxfeed.loaders.bytes_field import BytesField
 
-__all__ = ["FIELDS_FILE", "ColumnWriter", "RowError", "open_columns", "write_columns"]
+__all__ = [
+    "FIELDS_FILE",
+    "ColumnWriter",
+    "RowError",
+    "common_dtype",
+    "open_columns",
+    "write_columns",
+]
 
 FIELDS_FILE = "fields.json"
 
@@ -29,11 +36,24 @@ class RowError(ValueError):
     """A record that does not fit the columns (its message names the field)."""
 
 
+def common_dtype(first: np.dtype | str, second: np.dtype | str) -> np.dtype | None:
+    """The dtype that holds every value of both exactly, of their own family:
+    ints widen to a wider int (``uint8`` and ``int16``: ``int16``), floats to
+    a wider float; None for bool and a number, an int and a float (an int64
+    need not fit a float64), or ``uint64`` and a signed int."""
+    first, second = np.dtype(first), np.dtype(second)
+    family = {"b": "bool", "i": "int", "u": "int", "f": "float"}
+    both = np.promote_types(first, second)
+    kinds = {family.get(dtype.kind) for dtype in (first, second, both)}
+    return both if len(kinds) == 1 and None not in kinds else None
+
+
 class ColumnWriter:
     """Appends batches of rows to one file per field in ``directory``.
 
     The first batch fixes each field's kind (bytes, or numbers of one dtype
-    and row shape); a later row that differs is refused by field name.
+    and row shape); a later row that differs is refused by field name (a
+    number the first dtype holds exactly, `common_dtype`, is kept).
     """
 
     def __init__(self, directory: Path):
@@ -73,13 +93,19 @@ class ColumnWriter:
                 array = np.asarray(values)
                 if array.dtype.kind not in "biuf":
                     raise RowError(f"field {name!r} holds {array.dtype}, not numbers as before")
+                dtype = np.dtype(spec["dtype"])
+                if array.dtype != dtype and common_dtype(array.dtype, dtype) != dtype:
+                    raise RowError(
+                        f"field {name!r} holds {array.dtype} where earlier rows hold {dtype}: "
+                        f"{dtype} does not hold every value exactly; write them as one type"
+                    )
                 if list(array.shape[1:]) != spec["shape"]:
                     raise RowError(
                         f"field {name!r} has {_values(array.shape[1:])} per row where earlier "
                         f"rows have {_values(spec['shape'])}"
                     )
                 count = len(array)
-                self._files[name].write(np.ascontiguousarray(array, spec["dtype"]).tobytes())
+                self._files[name].write(np.ascontiguousarray(array, dtype).tobytes())
         self.rows += count or 0
 
     def _start(self, batch: dict[str, list[bytes] | np.ndarray]) -> None:

@@ -13,6 +13,7 @@ import dataclasses
 import glob
 import os
 import re
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -20,10 +21,21 @@ from jaxfeed.loaders.data.formats import imagefolder, prepared
 from jaxfeed.loaders.data.formats.tables import ARROW_MAGIC, PARQUET_MAGIC
 from jaxfeed.loaders.data.on_disk import MissingSplitError
 
-__all__ = ["FILE_FORMATS", "FORMATS", "Found", "file_format", "locate", "unknown_directory"]
+__all__ = [
+    "FILE_FORMATS",
+    "FORMATS",
+    "Found",
+    "LeftOutFilesWarning",
+    "file_format",
+    "locate",
+    "unknown_directory",
+]
 
 FILE_FORMATS = ("tfrecord", "arrayrecord", "parquet", "arrow")
 FORMATS = (*FILE_FORMATS, "imagefolder", "tfds", "hf")
+# Splits jaxfeed has no name for: a file naming one is in no split (refused
+# beside files that name train or test), never silently read as one of them.
+_OTHER_SPLITS = ("validation", "valid", "val", "dev", "eval", "training", "testing")
 _LOOKED_FOR = (
     "<field>.npy files, MNIST IDX files (train-images-idx3-ubyte[.gz]), TFRecord "
     "(*.tfrecord*), ArrayRecord (*.array_record*), Parquet (*.parquet), Arrow IPC "
@@ -130,6 +142,7 @@ def _in_directory(directory: Path, split: str, splits: Sequence[str], format: st
         if laid_out:
             if split not in laid_out:
                 raise _missing(directory, split, laid_out, "file splits")
+            _warn_left_out(directory, format)
             return _of_files(_format_files(directory / split, format), split, [split], format, name)
         files = _format_files(directory, format)
         if files:
@@ -137,6 +150,31 @@ def _in_directory(directory: Path, split: str, splits: Sequence[str], format: st
     if format is not None:
         raise FileNotFoundError(f"{directory} holds no {format} data; {_found(directory)}")
     return None
+
+
+class LeftOutFilesWarning(UserWarning):
+    """Files of a directory laid out in split subdirectories that no split reads."""
+
+
+def _warn_left_out(directory: Path, format: str | None) -> None:
+    """Warns of the files beside ``directory``'s split subdirectories, and in
+    a subdirectory named for a split jaxfeed does not read (``validation/``):
+    no split reads them (as for ``.npy`` directories), and a user should know."""
+    others = sorted(d for d in directory.iterdir() if d.name.lower() in _OTHER_SPLITS)
+    left = [
+        *_format_files(directory, format),
+        *(f for d in others for f in _format_files(d, format)),
+    ]
+    if left:
+        more = f", ... ({len(left)} in all)" if len(left) > 4 else ""
+        warnings.warn(
+            f"{directory}: {', '.join(str(p.relative_to(directory)) for p in left[:4])}{more} "
+            "are in no split: only its split subdirectories are read; a validation split "
+            "is not read as 'test' (rename the directory test/ if it is the one to evaluate "
+            "on), and files beside the subdirectories belong to none (move them into one)",
+            LeftOutFilesWarning,
+            stacklevel=2,
+        )
 
 
 def _folder(directory: Path, name: str) -> Found:
@@ -167,6 +205,7 @@ def _of_files(
         )
     named = {s: [p for p in files if _names_split(p.name, s)] for s in splits}
     laid_out = [s for s in splits if named[s]]
+    _check_split_names(files, splits, laid_out)
     if laid_out:
         if split not in laid_out:
             raise _missing(files[0].parent, split, laid_out, "file-name splits")
@@ -177,8 +216,42 @@ def _of_files(
 
 
 def _names_split(file_name: str, split: str) -> bool:
-    """``train-00000-of-00004.parquet``, ``mnist-train.tfrecord-00000``, ``test.arrow``."""
-    return re.search(rf"(^|[-_.]){re.escape(split)}([-_.]|$)", file_name) is not None
+    """Whether ``split`` is a word of ``file_name``, in any case, between its
+    start or end and any character but a letter: ``train-00000-of-00004.parquet``,
+    ``mnist-TEST.tfrecord-00000``, ``data_train2017.arrow``; not ``contest.parquet``."""
+    return re.search(rf"(?<![a-z]){re.escape(split)}(?![a-z])", file_name.lower()) is not None
+
+
+def _check_split_names(files: list[Path], splits: Sequence[str], laid_out: list[str]) -> None:
+    """Refuses files a split would leave out, or read twice: where some name a
+    split, one naming none (``contest-0.parquet``, ``validation-0.parquet``)
+    or both; where none does, files naming different splits jaxfeed does not
+    read (``training-*`` and ``testing-*``: both would be the train split)."""
+    words = {p: {w for w in (*splits, *_OTHER_SPLITS) if _names_split(p.name, w)} for p in files}
+    rule = (
+        "a file is in the split its name holds as a word, in any case (train-00000.parquet, "
+        f"data_TEST.arrow; not contest.parquet); jaxfeed's splits are {list(splits)}, and a "
+        f"validation split is not read as {splits[-1]!r} (rename its files {splits[-1]}-* if "
+        "it is the one to evaluate on)"
+    )
+    if not laid_out:
+        if len({frozenset(w) for w in words.values()}) > 1:
+            named = sorted({w for found in words.values() for w in found})
+            raise ValueError(
+                f"{files[0].parent}: its files name the splits {named} (and none "
+                f"{list(splits)}), so they are no one split: {rule}. Rename them, or pass "
+                "one split's files (a list or a glob)"
+            )
+        return
+    stray = [p for p in files if len(words[p] & set(splits)) != 1]
+    if stray:
+        more = f", ... ({len(stray)} in all)" if len(stray) > 4 else ""
+        raise ValueError(
+            f"{files[0].parent}: {', '.join(p.name for p in stray[:4])}{more} would be in no "
+            f"split, or in several, beside {len(files) - len(stray)} files of the "
+            f"{laid_out} splits: {rule}. Rename them, move them out, or pass only the "
+            "files you mean (a list or a glob)"
+        )
 
 
 def _name(parent: Path, files: list[Path]) -> str:

@@ -351,6 +351,13 @@ def _check_same(where: str, schema: dict[str, tuple[str, int]], features: dict) 
                 "reads the same features from every record: write it in every record"
             )
         got_kind, values = features[name]
+        if got_kind not in (kind, "none"):  # another shard's writer: one kind per feature
+            raise ValueError(
+                f"{where}: feature {name!r} holds {got_kind} values where the first record "
+                f"holds {kind}: jaxfeed reads a feature as one kind in every record (an "
+                "int64 read as float, or a float as int64, would change values); write it "
+                "as one kind in every file"
+            )
         if got_kind != kind or len(values) != length:
             raise ValueError(
                 f"{where}: feature {name!r} holds {len(values)} {got_kind} values where the "

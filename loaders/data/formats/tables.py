@@ -5,7 +5,9 @@ Columns are fields: a numeric column an array, a binary or string column a
 bytes field (an HF ``Image`` column, a struct holding ``bytes``, too), a
 fixed-size list column (or a list column whose rows all have one length) an
 array of that length per row. Nulls and variable-length lists are refused
-by column, row and file.
+by column, row and file. A column whose type differs between a split's files
+is read in the one type that holds every file's values exactly
+(`common_types`), or refused naming both files.
 """
 
 from __future__ import annotations
@@ -14,8 +16,9 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
+from jaxfeed.loaders.data.formats.columns import common_dtype
 
-__all__ = ["ARROW_MAGIC", "PARQUET_MAGIC", "column_values", "table_batches"]
+__all__ = ["ARROW_MAGIC", "PARQUET_MAGIC", "column_values", "common_types", "table_batches"]
 
 PARQUET_MAGIC = b"PAR1"
 ARROW_MAGIC = b"ARROW1"  # the file format; the stream format starts with 0xFFFFFFFF
@@ -34,8 +37,97 @@ def row_groups(paths: Sequence[Path]) -> list[int]:
     return [rows for rows in out if rows]
 
 
-def table_batches(path: Path, kind: str) -> Iterator[dict]:
-    """Batches of rows (`ColumnWriter` input) of a ``"parquet"`` or ``"arrow"`` file.
+def common_types(paths: Sequence[Path], kind: str) -> dict[str, np.dtype]:
+    """The numeric columns whose type differs between the ``"parquet"`` or
+    ``"arrow"`` files ``paths``, each with the type that holds every file's
+    values exactly (`common_dtype`: ints widen to a wider int, floats to a
+    wider float), from the files' schemas (no data is read).
+
+    Raises:
+      ValueError: a column that no one type holds exactly (bool in one file,
+        numbers in another; ints and floats; numbers and bytes), named with
+        both files and both types; or a file that does not open as ``kind``.
+    """
+    seen: dict[str, tuple[Path, object, str | None]] = {}  # name -> widest file, type, leaf
+    out: dict[str, np.dtype] = {}
+    for path in paths:
+        for field in _schema(path, kind):
+            leaf = _leaf(field.type)
+            if field.name not in seen:
+                seen[field.name] = (path, field.type, leaf)
+                continue
+            first, first_type, common = seen[field.name]
+            if leaf == common or leaf is None or common is None:  # None: column_values names it
+                continue
+            both = None if "bytes" in (leaf, common) else common_dtype(common, leaf)
+            if both is None:
+                raise ValueError(
+                    f"column {field.name!r} is {_named(field.type)} in {path} but "
+                    f"{_named(first_type)} in {first}: no one type holds both exactly (jaxfeed "
+                    "widens ints to a wider int and floats to a wider float, and never mixes "
+                    "bools, ints, floats and bytes); cast the files to one type and write "
+                    "them again, e.g. with pyarrow's table.cast(schema)"
+                )
+            holder = (path, field.type) if both == np.dtype(leaf) else (first, first_type)
+            seen[field.name] = (*holder, both.str)
+            out[field.name] = both
+    return out
+
+
+def _schema(path: Path, kind: str):
+    import pyarrow as pa
+    from pyarrow import parquet
+
+    try:
+        if kind == "parquet":
+            return parquet.read_schema(path)
+        with pa.memory_map(str(path)) as source:
+            is_file = source.read(6) == ARROW_MAGIC
+            source.seek(0)
+            return (pa.ipc.open_file(source) if is_file else pa.ipc.open_stream(source)).schema
+    except (pa.ArrowInvalid, OSError) as err:
+        raise _unreadable(path, kind, err) from None
+
+
+def _leaf(kind) -> str | None:
+    """The numpy dtype (``.str``) of a column's values, lists unwrapped;
+    ``"bytes"`` for binary and string; None for a type jaxfeed does not read."""
+    import pyarrow as pa
+
+    if pa.types.is_struct(kind) and kind.get_field_index("bytes") >= 0:
+        return _leaf(kind.field("bytes").type)
+    binary = (pa.types.is_binary, pa.types.is_large_binary, pa.types.is_string)
+    if any(is_kind(kind) for is_kind in binary) or pa.types.is_large_string(kind):
+        return "bytes"
+    if pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_boolean(kind):
+        return np.dtype(kind.to_pandas_dtype()).str
+    if pa.types.is_fixed_size_list(kind) or pa.types.is_list(kind) or pa.types.is_large_list(kind):
+        return _leaf(kind.value_type)
+    return None
+
+
+def _named(kind) -> str:
+    """A type as a user reads it: numpy's names for numbers (``float32``, not
+    Arrow's ``float``), Arrow's for the rest."""
+    import pyarrow as pa
+
+    if pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_boolean(kind):
+        return np.dtype(kind.to_pandas_dtype()).name
+    return str(kind)
+
+
+def _unreadable(path: Path, kind: str, err: Exception) -> ValueError:
+    return ValueError(
+        f"{path} is not a readable {kind} file ({err}); pass format= to say what "
+        "it is, or write it again"
+    )
+
+
+def table_batches(
+    path: Path, kind: str, types: dict[str, np.dtype] | None = None
+) -> Iterator[dict]:
+    """Batches of rows (`ColumnWriter` input) of a ``"parquet"`` or ``"arrow"``
+    file; a column named in ``types`` (`common_types`) as that type.
 
     Raises:
       ValueError: the file does not open as ``kind``, or a column jaxfeed
@@ -59,16 +151,17 @@ def table_batches(path: Path, kind: str) -> Iterator[dict]:
                 else iter(reader)
             )
         for batch in batches:
-            yield {
+            values = {
                 name: column_values(batch.column(i), f"{path}, column {name!r}", row)
                 for i, name in enumerate(batch.schema.names)
             }
+            for name, dtype in (types or {}).items():
+                if name in values:  # widened: exact, by common_types's rule
+                    values[name] = np.asarray(values[name]).astype(dtype)
+            yield values
             row += batch.num_rows
     except (pa.ArrowInvalid, OSError) as err:
-        raise ValueError(
-            f"{path} is not a readable {kind} file ({err}); pass format= to say what "
-            "it is, or write it again"
-        ) from None
+        raise _unreadable(path, kind, err) from None
 
 
 def column_values(column, where: str, row: int) -> list[bytes] | np.ndarray:
