@@ -30,8 +30,11 @@ ALLOWED = {
 }
 
 # Bases with no private method to override (abstract, a protocol, the abstract
-# Mapping): a subclass's private methods are its own.
-MARKERS = {"abc.ABC", "ABC", "typing.Protocol", "Protocol", "typing.Generic", "Generic", "Mapping"}
+# Mapping, a NamedTuple's fields): a subclass's private methods are its own.
+MARKERS = {
+    *("abc.ABC", "ABC", "typing.Protocol", "Protocol", "typing.Generic", "Generic"),
+    *("Mapping", "typing.NamedTuple", "NamedTuple"),
+}
 
 
 def _private(name: str) -> bool:
