@@ -3,7 +3,12 @@ build's scratch, a directory of handed batches) for as long as it holds an
 exclusive ``flock`` on a lock file that goes with it. The kernel drops the lock
 when the process dies, however it dies, so whether an owner lives is read from
 its lock, on any host or in any PID namespace sharing the file system, never
-guessed from a process id."""
+guessed from a process id.
+
+Names others look for are predictable, so anyone on the machine can plant
+something there (a FIFO, whose open blocks for good; a symlink): a lock is
+opened without following links or blocking, and only a regular file of this
+user's counts as one; anything else is left alone."""
 
 from __future__ import annotations
 
@@ -11,7 +16,9 @@ import fcntl
 import glob
 import os
 import shutil
+import stat
 import tempfile
+from collections.abc import Callable
 
 __all__ = ["hold", "owned_directory", "owner_gone", "remove_dead_directories"]
 
@@ -26,18 +33,26 @@ def hold(path: str | os.PathLike) -> int:
 
 def owner_gone(path: str | os.PathLike) -> bool:
     """Whether nobody holds the lock of ``path``: its owner died. False when it
-    is held, and when there is no such file (gone already, or not a lock)."""
+    is held, and when there is no such file (gone already, or not a lock): a
+    symlink, a FIFO or anything else not a regular file of this user's."""
     try:
-        handle = os.open(path, os.O_RDONLY)
+        handle = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError:
         return False
     try:
+        if not _mine(os.fstat(handle), stat.S_ISREG):
+            return False
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
         return False
     finally:
         os.close(handle)
     return True
+
+
+def _mine(status: os.stat_result, kind: Callable[[int], bool]) -> bool:
+    """Whether ``status`` is of ``kind`` (``stat.S_ISREG``...) and this user's."""
+    return kind(status.st_mode) and status.st_uid == os.geteuid()
 
 
 _OWNER = ".owner.lock"  # in an owned directory: held by its owner for its life
@@ -58,10 +73,16 @@ def owned_directory(base: str | os.PathLike, prefix: str) -> tuple[str, int]:
 
 def remove_dead_directories(base: str | os.PathLike, prefix: str) -> list[str]:
     """Removes the directories ``base/<prefix>*`` whose owner is gone (their
-    lock is free); a live one's, and one without a lock file, are left alone."""
+    lock is free); a live one's, one without a lock file, and anything not a
+    directory of this user's (a symlink, another user's) are left alone."""
     removed = []
-    for directory in glob.glob(os.path.join(glob.escape(os.fspath(base)), prefix + "*")):
-        if owner_gone(os.path.join(directory, _OWNER)):
+    pattern = os.path.join(glob.escape(os.fspath(base)), glob.escape(prefix) + "*")
+    for directory in glob.glob(pattern):
+        try:
+            real = _mine(os.lstat(directory), stat.S_ISDIR)
+        except OSError:
+            continue
+        if real and owner_gone(os.path.join(directory, _OWNER)):
             shutil.rmtree(directory, ignore_errors=True)
             removed.append(directory)
     return removed

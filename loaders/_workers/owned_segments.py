@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import glob
 import os
+import re
 import secrets
 from collections.abc import Callable
 
@@ -33,6 +33,10 @@ __all__ = ["SEGMENT_PREFIX", "owner_tag", "remove_dead_segments", "worker_init"]
 SHM = "/dev/shm"
 SEGMENT_PREFIX = "psm_jaxfeed-"  # then "<tag>-<random>"
 _LOCK_PREFIX = "jaxfeed-segments-"  # then "<tag>.lock"
+_TAG_BYTES = 6
+# Only a name this module writes: a planted "jaxfeed-segments-*.lock" must not
+# read as a tag that every run's segments match.
+_LOCK_NAME = re.compile(rf"{re.escape(_LOCK_PREFIX)}([0-9a-f]{{{2 * _TAG_BYTES}}})\.lock")
 _tag: str | None = None
 _held: int | None = None  # the open lock file that says this process's tag lives
 
@@ -50,7 +54,7 @@ def owner_tag() -> str | None:
     if not (os.path.isdir(SHM) and os.access(SHM, os.W_OK)):
         return None
     remove_dead_segments()
-    tag = secrets.token_hex(6)
+    tag = secrets.token_hex(_TAG_BYTES)
     pending = os.path.join(SHM, f".{_LOCK_PREFIX}{tag}.starting")  # nobody looks for it
     _held = hold(pending)
     os.rename(pending, _lock_path(tag))  # found by others only once it is held
@@ -63,12 +67,16 @@ def remove_dead_segments() -> list[str]:
     free), then the lock; returns the segments removed. A live owner's
     segments, and segments not named by this module, are left alone."""
     removed = []
-    for lock in glob.glob(os.path.join(SHM, f"{_LOCK_PREFIX}*.lock")):
-        if not owner_gone(lock):
+    names = os.listdir(SHM)
+    for name in names:
+        found = _LOCK_NAME.fullmatch(name)
+        lock = os.path.join(SHM, name)
+        if found is None or not owner_gone(lock):
             continue
-        tag = os.path.basename(lock)[len(_LOCK_PREFIX) : -len(".lock")]
-        for segment in glob.glob(os.path.join(SHM, f"{SEGMENT_PREFIX}{tag}-*")):
-            with contextlib.suppress(FileNotFoundError):
+        ours = f"{SEGMENT_PREFIX}{found[1]}-"
+        for segment in [os.path.join(SHM, n) for n in names if n.startswith(ours)]:
+            # Another user's, planted under a dead tag of ours: not ours to remove.
+            with contextlib.suppress(FileNotFoundError, PermissionError):
                 os.unlink(segment)
                 removed.append(segment)
         with contextlib.suppress(FileNotFoundError):
