@@ -185,6 +185,7 @@ FLAGS = {
     "Checkpointing(directory=...)": "--checkpoint-dir",
     "Checkpointing(accept_changed_data=True)": "--resume-changed-data",
     "to='parquet'": "--to parquet",
+    "overwrite=True": "--overwrite",
 }
 
 

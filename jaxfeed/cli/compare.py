@@ -52,7 +52,7 @@ def add_compare(commands: argparse._SubParsersAction) -> None:
         type=worker_counts,
         default=None,
         metavar="K,K,...",
-        help="--workload decode: the worker counts to measure (default 0,1,2)",
+        help="--workload decode: the worker counts to measure; None: 0,1,2",
     )
     compare.add_argument(
         "--loaders",

@@ -27,6 +27,12 @@ def add_convert(commands: argparse._SubParsersAction) -> None:
         default=10_000,
         help="rows per Parquet or ArrayRecord shard",
     )
+    convert.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace the earlier conversion DESTINATION holds (only the files it wrote); "
+        "a destination holding other files is refused even so",
+    )
 
 
 def run_convert(args: argparse.Namespace) -> int:
@@ -38,6 +44,7 @@ def run_convert(args: argparse.Namespace) -> int:
         args.to,
         format=args.format,
         rows_per_shard=args.rows_per_shard,
+        overwrite=args.overwrite,
         progress=lambda line: print(f"jaxfeed convert: {line}", file=sys.stderr, flush=True),
     )
     print(f"jaxfeed convert: {len(files)} files in {args.destination}")

@@ -169,7 +169,7 @@ def add_train(commands: argparse._SubParsersAction) -> None:
         choices=("stop", "continue"),
         default="stop",
         help="stop (exit 2, naming the step and metric, saving nothing from it) when a "
-        "metric becomes NaN or infinite, or continue training (default: stop)",
+        "metric becomes NaN or infinite, or continue training",
     )
     train.add_argument(
         "--save-params",

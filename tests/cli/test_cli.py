@@ -223,6 +223,15 @@ def test_help_shows_defaults(capsys, command, defaults):
         assert "None: 0.05 for uint8 images (scaled to [0, 1]), 0.01 for float images" in text
 
 
+@pytest.mark.parametrize("command", ["train", "compare", "backends", "convert"])
+def test_help_says_each_default_once(capsys, command):
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    text = " ".join(capsys.readouterr().out.split())  # undo line wrapping
+    assert not re.search(r"\(default[^)]*\) \(default", text), text
+    assert "--workers" not in text or "None: 0,1,2 (default: None)" in text
+
+
 def test_python_dash_m_and_devices_flag():
     # A fresh process: --devices sets XLA_FLAGS, read when jax's backends start.
     result = _jaxfeed("train", "--epochs", "1", "--batch-size", "96", "--devices", "3", "--quiet")

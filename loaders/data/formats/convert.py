@@ -3,14 +3,23 @@ ArrayRecord shards of ``tf.train.Example`` records (the TFDS convention, what
 Grain reads) or ``.npy`` fields, for random access at disk speed.
 
 The source is read through its columnar copy (`jaxfeed.loaders.data.formats`),
-so memory stays bounded by one shard; each output file is written under a
-``.partial`` name and renamed when complete, and a rerun after a kill skips
-the complete ones.
+so memory stays bounded by one shard. The output is built in a directory
+beside the destination (``.<name>.jaxfeed-partial``) and renamed into place
+when every split is complete, with a manifest (``.jaxfeed-convert.json``)
+naming the conversion and its files; each file is written under a
+``.partial`` name and renamed when complete, and a rerun of the same
+conversion after a kill skips the complete ones. A destination holding
+anything else is refused: another conversion unless ``overwrite=True`` (which
+removes only the files the manifest names), files jaxfeed did not write
+always; so is a destination inside the source, or holding it.
 """
 
 from __future__ import annotations
 
+import glob
+import json
 import os
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 
@@ -24,6 +33,7 @@ TARGETS = ("parquet", "arrayrecord", "npy")
 _COPY_BYTES = 64 << 20  # per chunk of an .npy copy
 _CHUNK = 1024  # rows read at once into an ArrayRecord shard
 _CHUNK_BYTES = 64 << 20  # at most (on average): large images make fewer rows, not more memory
+MANIFEST = ".jaxfeed-convert.json"  # hidden: no reader takes it for data
 
 
 def convert(
@@ -33,28 +43,44 @@ def convert(
     format: str | None = None,
     rows_per_shard: int = 10_000,
     progress: Callable[[str], None] = lambda line: None,
+    overwrite: bool = False,
 ) -> list[Path]:
     """Writes each split ``source`` holds under ``destination/<split>/``.
+
+    Args:
+      overwrite: replace a previous conversion (of another source, format or
+        shard size) that ``destination`` holds; files jaxfeed did not write
+        are never removed, and refused even so.
 
     Returns:
       The files written or found complete, in order.
 
     Raises:
-      ValueError: an unknown target; ``npy`` for a bytes field (``.npy`` holds
-        numbers: convert to Parquet instead); no split at all.
+      ValueError: an unknown target or ``rows_per_shard`` below 1; ``npy`` for
+        a bytes field (``.npy`` holds numbers: convert to Parquet instead); no
+        split at all; a destination that is, holds or lies inside the source,
+        that holds files no conversion wrote, or another conversion without
+        ``overwrite=True``.
     """
     from jaxfeed.loaders.data.catalog import SPLITS, load_dataset
     from jaxfeed.loaders.data.on_disk import MissingSplitError
 
     if to not in TARGETS:
         raise ValueError(f"unknown target {to!r}; choose one of {list(TARGETS)}")
+    whole = isinstance(rows_per_shard, int | np.integer) and not isinstance(rows_per_shard, bool)
+    if not whole or rows_per_shard < 1:
+        raise ValueError(f"rows_per_shard={rows_per_shard!r}: expected a whole number >= 1")
+    rows_per_shard = int(rows_per_shard)  # the manifest is JSON
+    destination = Path(destination).expanduser().absolute()
+    key = {"source": _source_key(source), "to": to, "format": format, "rows": rows_per_shard}
+    work, previous = _start(destination, key, overwrite)
     written: list[Path] = []
     for split in SPLITS:
         try:
             data = load_dataset(os.fspath(source), split, format=format)
         except MissingSplitError:
             continue
-        directory = Path(destination) / split
+        directory = work / split
         directory.mkdir(parents=True, exist_ok=True)
         write = {"parquet": _parquet, "arrayrecord": _arrayrecord, "npy": _npy}[to]
         written += write(
@@ -62,7 +88,121 @@ def convert(
         )
     if not written:
         raise ValueError(f"{source} holds no split of {list(SPLITS)} to convert")
-    return written
+    files = [p.relative_to(work).as_posix() for p in written]
+    _write_manifest(work, {**key, "files": files})
+    _put_in_place(work, destination, previous)
+    return [destination / f for f in files]
+
+
+def _source_key(source: str | os.PathLike) -> str:
+    """The source as the manifest names it: its absolute path (a glob's too)."""
+    return os.path.abspath(os.path.expanduser(os.fspath(source).removeprefix("idx:")))
+
+
+def _source_root(source: str) -> Path | None:
+    """The file or directory ``source`` reads from (a glob's fixed leading
+    directories); None for a name that is no path (``mnist``)."""
+    parts = Path(source).parts
+    fixed = next((i for i, part in enumerate(parts) if glob.has_magic(part)), len(parts))
+    root = Path(*parts[:fixed]) if fixed else Path(".")
+    return root.resolve() if root.exists() else None
+
+
+def _start(destination: Path, key: dict, overwrite: bool) -> tuple[Path, list[str]]:
+    """The directory to build in (a rerun's, when it was this conversion's)
+    and the files of the previous conversion to remove when done.
+
+    Refuses a destination that is the source, inside it or holding it: a
+    conversion never writes into the data it reads (nor reads its own output)."""
+    root, target = _source_root(key["source"]), destination.resolve()
+    if root is not None and (root == target or root in target.parents or target in root.parents):
+        raise ValueError(
+            f"destination {destination} is, holds or lies inside the source {root}; convert "
+            "into a directory outside the source"
+        )
+    if destination.exists() and not destination.is_dir():
+        raise ValueError(f"destination {destination} is a file; name a directory")
+    manifest = _manifest(destination)
+    previous = manifest.get("files", [])
+    owned = {MANIFEST, *previous, *(_partial(f) for f in previous)}
+    others = [p for p in _entries(destination) if p not in owned]
+    if others:
+        more = f", ... ({len(others)} in all)" if len(others) > 4 else ""
+        raise ValueError(
+            f"destination {destination} holds files no jaxfeed conversion wrote "
+            f"({', '.join(others[:4])}{more}); convert into a new or empty directory "
+            "(jaxfeed never removes files it did not write)"
+        )
+    same = bool(manifest) and _same(manifest, key)
+    if manifest and not same and not overwrite:
+        raise ValueError(
+            f"destination {destination} holds another conversion ({manifest.get('source')} "
+            f"to {manifest.get('to')}, {manifest.get('rows')} rows per shard); pass "
+            "overwrite=True to replace it, or convert into a new or empty directory"
+        )
+    work = destination.with_name(f".{destination.name}.jaxfeed-partial")
+    if work.exists():
+        if not (work / MANIFEST).is_file():
+            raise ValueError(f"{work} is in the way of the conversion, and jaxfeed did not make it")
+        if same or not _same(_manifest(work), key):
+            shutil.rmtree(work)  # ours: a kill's leftovers of another conversion
+    if same:
+        os.rename(destination, work)  # a rerun: resumed beside, put back when complete
+        return work, []
+    work.mkdir(parents=True, exist_ok=True)
+    _write_manifest(work, {**key, "files": []})  # in progress: no files listed yet
+    return work, previous
+
+
+def _same(manifest: dict, key: dict) -> bool:
+    return {k: manifest.get(k) for k in key} == key
+
+
+def _partial(file: str) -> str:
+    folder, _, name = file.rpartition("/")
+    return f"{folder}/.{name}.partial" if folder else f".{name}.partial"
+
+
+def _entries(directory: Path) -> list[str]:
+    """Every file (or link) under ``directory``, as a relative posix path."""
+    if not directory.is_dir():
+        return []
+    found = (p for p in sorted(directory.rglob("*")) if p.is_symlink() or not p.is_dir())
+    return [p.relative_to(directory).as_posix() for p in found]
+
+
+def _manifest(directory: Path) -> dict:
+    try:
+        found = json.loads((directory / MANIFEST).read_text())
+    except (FileNotFoundError, NotADirectoryError):
+        return {}
+    except ValueError:
+        found = None
+    if not isinstance(found, dict) or not isinstance(found.get("files"), list):
+        raise ValueError(
+            f"{directory / MANIFEST} is not a manifest jaxfeed wrote; remove it, or convert "
+            "into a new or empty directory"
+        )
+    return found
+
+
+def _write_manifest(directory: Path, manifest: dict) -> None:
+    partial = directory / f"{MANIFEST}.partial"
+    partial.write_text(json.dumps(manifest, indent=1))
+    os.replace(partial, directory / MANIFEST)
+
+
+def _put_in_place(work: Path, destination: Path, previous: list[str]) -> None:
+    """Replaces the previous conversion's files (only those) by the complete
+    output: the destination never holds a mix, nor a half-written split."""
+    if destination.exists():
+        for file in [*previous, *(_partial(f) for f in previous), MANIFEST]:
+            (destination / file).unlink(missing_ok=True)
+        for folder in sorted({(destination / f).parent for f in previous}, reverse=True):
+            if folder != destination and folder.is_dir() and not any(folder.iterdir()):
+                folder.rmdir()
+        destination.rmdir()  # empty now, or it raises: a file arrived meanwhile
+    os.rename(work, destination)
 
 
 def _finish(partial: Path, final: Path) -> Path:

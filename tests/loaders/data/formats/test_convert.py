@@ -107,3 +107,111 @@ def test_examples_jaxfeed_writes_are_the_bytes_tensorflow_writes():
     parsed = parse_example(ours)
     assert parsed["b"] == ("bytes", [b"\x00hi"])
     np.testing.assert_array_equal(parsed["n"][1], [-3, 2**40])
+
+
+def _numbers(root, start, rows=30):
+    """A train and a test Parquet file of ``rows`` numbers from ``start``."""
+    import pyarrow as pa
+    from pyarrow import parquet
+
+    root.mkdir(parents=True, exist_ok=True)
+    for split, offset in (("train", 0), ("test", rows)):
+        x = np.arange(start + offset, start + offset + rows, dtype=np.int64)
+        parquet.write_table(pa.table({"x": x, "label": x % 3}), root / f"{split}-0.parquet")
+    return root
+
+
+def _rows(directory, split="train"):
+    data = loaders.load_dataset(directory, split)
+    return list(data["x"][np.arange(len(data))])
+
+
+@pytest.mark.parametrize("to", ["parquet", "npy", "arrayrecord"])
+def test_another_conversion_is_refused_unless_overwrite(tmp_path, capsys, to):
+    a, b, out = _numbers(tmp_path / "a", 0), _numbers(tmp_path / "b", 1000), tmp_path / "out"
+    args = ["convert", str(b), str(out), "--to", to, "--rows-per-shard", "7"]
+    assert main(["convert", str(a), str(out), "--to", to, "--rows-per-shard", "7"]) == 0
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "holds another conversion" in err and "--overwrite" in err, err
+    assert _rows(out) == list(range(30))  # A's, untouched
+    assert main([*args, "--overwrite"]) == 0
+    assert _rows(out) == list(range(1000, 1030)) and _rows(out, "test")[0] == 1030
+    assert main(args) == 0  # a rerun of the conversion it holds: its own
+
+
+def test_another_shard_size_replaces_every_old_shard(tmp_path, capsys):
+    source, out = _numbers(tmp_path / "a", 0, rows=3000), tmp_path / "out"
+    assert main(["convert", str(source), str(out), "--to", "parquet"]) == 0
+    again = ["convert", str(source), str(out), "--to", "parquet", "--rows-per-shard", "1000"]
+    assert main(again) == 2 and "holds another conversion" in capsys.readouterr().err
+    assert main([*again, "--overwrite"]) == 0
+    assert _rows(out) == list(range(3000))  # 3,000 rows, not both shard sets' 6,000
+    assert [p.name for p in sorted((out / "train").iterdir())] == [
+        f"{i:05d}-of-00003.parquet" for i in range(3)
+    ]
+
+
+def test_files_it_did_not_write_are_refused_and_kept(tmp_path, capsys):
+    source, out = _numbers(tmp_path / "a", 0), tmp_path / "out"
+    (out / "train").mkdir(parents=True)
+    mine = out / "train" / "00000-of-00001.parquet"
+    mine.write_bytes(b"the user's own")
+    for flags in ([], ["--overwrite"]):
+        assert main(["convert", str(source), str(out), "--to", "parquet", *flags]) == 2
+        assert "holds files no jaxfeed conversion wrote" in capsys.readouterr().err
+        assert mine.read_bytes() == b"the user's own"
+    # Beside a conversion, too: overwrite removes only what the manifest names.
+    assert main(["convert", str(source), str(tmp_path / "ok"), "--to", "parquet"]) == 0
+    (tmp_path / "ok" / "notes.txt").write_text("mine")
+    args = ["convert", str(source), str(tmp_path / "ok"), "--to", "npy", "--overwrite"]
+    assert main(args) == 2 and "notes.txt" in capsys.readouterr().err
+    assert (tmp_path / "ok" / "notes.txt").read_text() == "mine"
+
+
+@pytest.mark.parametrize("where", ["the source", "inside it", "above it"])
+def test_it_never_writes_into_its_source(tmp_path, capsys, where):
+    source = _numbers(tmp_path / "data" / "a", 0)
+    before = sorted(p.name for p in source.iterdir())
+    destination = {
+        "the source": source,
+        "inside it": source / "out",
+        "above it": tmp_path / "data",
+    }[where]
+    assert main(["convert", str(source), str(destination), "--to", "parquet"]) == 2
+    assert "is, holds or lies inside the source" in capsys.readouterr().err
+    assert sorted(p.name for p in source.iterdir()) == before
+    assert _rows(source, "test") == list(range(30, 60))
+    # A glob or a file names the same source.
+    files = str(source / "*.parquet")
+    assert main(["convert", files, str(source / "out"), "--to", "parquet"]) == 2
+    assert main(["convert", str(source / "train-0.parquet"), str(source), "--to", "npy"]) == 2
+
+
+def test_a_failed_conversion_leaves_no_destination_and_resumes(tmp_path, monkeypatch):
+    from jaxfeed.loaders.data.formats import convert as module
+
+    source, out = _numbers(tmp_path / "a", 0), tmp_path / "out"
+    write = module._parquet
+
+    def fail_on_test(data, directory, *args):
+        if directory.name == "test":
+            raise OSError("disk full")
+        return write(data, directory, *args)
+
+    monkeypatch.setattr(module, "_parquet", fail_on_test)
+    with pytest.raises(OSError, match="disk full"):
+        module.convert(source, out, "parquet", rows_per_shard=7)
+    assert not out.exists()  # nothing there reads as a complete conversion
+    monkeypatch.setattr(module, "_parquet", write)
+    files = module.convert(source, out, "parquet", rows_per_shard=7)
+    assert files[0] == out / "train" / "00000-of-00005.parquet"
+    assert _rows(out) == list(range(30)) and _rows(out, "test") == list(range(30, 60))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "out"]  # nothing left beside
+
+
+def test_rows_per_shard_below_one_is_refused_by_name(tmp_path):
+    from jaxfeed.loaders.data.formats.convert import convert
+
+    with pytest.raises(ValueError, match="rows_per_shard=0"):
+        convert(_numbers(tmp_path / "a", 0), tmp_path / "out", "parquet", rows_per_shard=0)
