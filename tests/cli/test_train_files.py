@@ -84,7 +84,8 @@ def _modes() -> dict[str, tuple[bytes, np.ndarray]]:
             _saved(Image.frombytes("I;16B", (28, 28), wide.astype(">u2").tobytes()), "TIFF"),
             GREY,
         ),
-        "I": (_saved(Image.fromarray(wide), "PPM"), GREY),  # a 16-bit PGM
+        # A 16-bit PGM, written by hand: Pillow before 11 cannot write one.
+        "I": (b"P5\n28 28\n65535\n" + wide.astype(">u2").tobytes(), GREY),
         "1": (_saved(Image.fromarray(GREY > 127), "PNG"), np.where(GREY > 127, 255, 0)),
         "P": (_saved(grey.convert("P"), "PNG"), GREY),
         "RGB": (_saved(rgb, "PNG"), GREY),
