@@ -92,17 +92,20 @@ class ArrayRecordRows:
         return len(self.source)
 
     def read_batch(self, indices: np.ndarray) -> dict[str, np.ndarray]:
-        from jaxfeed.loaders.data.formats.arrayrecord import RAW_FIELD
+        from jaxfeed.loaders.data.formats.arrayrecord import RAW_FIELD, damaged
         from jaxfeed.loaders.data.formats.example import example_batch
 
         if len(indices) == 0:
             return self._empty.read_batch(indices)
-        records = self.source.__getitems__([int(i) for i in indices])
+        rows = [int(i) for i in indices]
+        try:
+            records = self.source.__getitems__(rows)
+        except RuntimeError as err:  # Riegeli's, naming no file
+            raise damaged(err, self._places(indices), lambda k: self.source[rows[k]]) from err
         if not self.examples:
             return {RAW_FIELD: _stack(list(records), np.dtype(object))}
-        in_file = np.searchsorted(self._starts, indices, side="right") - 1
-        where = zip(in_file.tolist(), (indices - self._starts[in_file]).tolist(), strict=True)
-        named = [(self.files[f], i, record) for (f, i), record in zip(where, records, strict=True)]
+        places = self._places(indices)
+        named = [(*place, record) for place, record in zip(places, records, strict=True)]
         batch = example_batch(named, self._schema)
         out = {}
         for key, array in self._empty.arrays.items():
@@ -112,6 +115,12 @@ class ArrayRecordRows:
                 values = narrowed(np.asarray(batch[key]), array.dtype, f"{self.name}, {key!r}")
                 out[key] = values.reshape(-1, *array.shape[1:])
         return out
+
+    def _places(self, indices: np.ndarray) -> list[tuple[str, int]]:
+        """Each row's file and index within it."""
+        in_file = np.searchsorted(self._starts, indices, side="right") - 1
+        where = zip(in_file.tolist(), (indices - self._starts[in_file]).tolist(), strict=True)
+        return [(self.files[f], i) for f, i in where]
 
 
 def _stack(values: list, dtype: np.dtype) -> np.ndarray:

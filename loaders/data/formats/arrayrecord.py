@@ -9,7 +9,7 @@ files in place with them alone.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from jaxfeed.loaders.data.formats.example import (
@@ -22,6 +22,7 @@ from jaxfeed.loaders.data.formats.example import (
 __all__ = [
     "RAW_FIELD",
     "arrayrecord_records",
+    "damaged",
     "first_row",
     "holds_examples",
     "raw_batches",
@@ -36,13 +37,14 @@ def arrayrecord_records(path: Path) -> Iterator[Record]:
     """Each record of ``path`` in order, as ``(file, index, bytes)``.
 
     Raises:
-      ValueError: the file cannot be opened as an ArrayRecord file (named).
+      ValueError: the file cannot be opened as an ArrayRecord file, or a
+        record cannot be read (named with the file and the record).
     """
     reader = _reader(path)
     try:
         count = reader.num_records()
         for start in range(0, count, _CHUNK):
-            for offset, record in enumerate(reader.read(start, min(count, start + _CHUNK))):
+            for offset, record in enumerate(_read(reader, path, start, min(count, start + _CHUNK))):
                 yield str(path), start + offset, record
     finally:
         reader.close()
@@ -74,7 +76,7 @@ def first_row(paths: Sequence[Path]) -> tuple[dict, bool]:
     for path in paths:
         reader = _reader(path)
         try:
-            first = reader.read(0, 1) if reader.num_records() else None
+            first = _read(reader, path, 0, 1) if reader.num_records() else None
         finally:
             reader.close()
         if first:
@@ -89,12 +91,48 @@ def _reader(path: Path):
     from array_record.python.array_record_module import ArrayRecordReader
 
     try:
-        return ArrayRecordReader(str(path))
+        reader = ArrayRecordReader(str(path))
+        if not reader.ok():  # a damaged footer: it would read as no records
+            reader.close()  # raises Riegeli's error
+        return reader
     except (RuntimeError, ValueError, OSError) as err:
         raise ValueError(
             f"{path} is not a readable ArrayRecord file ({err}); pass format= to say "
             "what it is, or write it again"
-        ) from None
+        ) from err
+
+
+def _read(reader, path: Path, start: int, stop: int) -> list[bytes]:
+    """Records ``start`` to ``stop`` of ``path`` (open in ``reader``).
+
+    Raises:
+      ValueError: one cannot be read (named with the file and the record).
+    """
+    try:
+        return reader.read(start, stop)
+    except RuntimeError as err:
+        places = [(str(path), index) for index in range(start, stop)]
+        raise damaged(err, places, lambda k: reader.read(start + k, start + k + 1)) from err
+
+
+def damaged(
+    err: RuntimeError, places: Sequence[tuple[str, int]], read_one: Callable[[int], object]
+) -> ValueError:
+    """Riegeli's ``err`` from reading the records at ``places`` (``(file,
+    index)`` each) named with the first of them that ``read_one(k)`` (the
+    k-th place read alone) fails on, or with their files; raise it from
+    ``err``. Riegeli's message names no file."""
+    for k, (path, index) in enumerate(places):
+        try:
+            read_one(k)
+        except RuntimeError:
+            where = f"{path}, record {index}"
+            break
+    else:  # each alone reads: name them all
+        where = ", ".join(dict.fromkeys(path for path, _ in places))
+    return ValueError(
+        f"{where} cannot be read ({err}): the ArrayRecord file is damaged; write it again"
+    )
 
 
 def holds_examples(first: bytes) -> bool:

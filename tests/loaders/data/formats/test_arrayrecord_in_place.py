@@ -118,3 +118,48 @@ def test_an_int64_that_does_not_fit_int32_is_refused_not_wrapped(tmp_path, cache
     next(batches)  # rows 0-3 fit
     with pytest.raises(ValueError, match=r"'label' holds .*1099511627776, which does not fit"):
         next(batches)
+
+
+def first_bytes(record: dict, rng: np.random.Generator) -> dict:
+    """A raw record's first 8 bytes as numbers."""
+    return {"head": np.frombuffer(record["record"][:8], np.uint8)}
+
+
+def damaged_arrayrecord(path, flip: int | None = None) -> None:
+    """40 raw records, 4 a chunk, uncompressed (so a record's bytes lie as
+    they are in the file); a byte flipped in record 13 (in the chunk of
+    records 12-15) or, with ``flip``, at that offset from the end."""
+    from array_record.python.array_record_module import ArrayRecordWriter
+
+    writer = ArrayRecordWriter(str(path), "group_size:4,uncompressed")
+    for i in range(40):
+        writer.write(b"raw-%04d" % i + bytes(100))
+    writer.close()
+    data = bytearray(path.read_bytes())
+    data[data.find(b"raw-0013") + 5 if flip is None else len(data) - flip] ^= 0xFF
+    path.write_bytes(data)
+
+
+def test_a_damaged_chunk_names_its_file_and_record(tmp_path, cache):
+    damaged_arrayrecord(tmp_path / "bad.array_record")
+    grain = loaders.make("grain", dataset=tmp_path, batch_size=4, transform=first_bytes,
+                         shuffle=False)  # fmt: skip
+    batches = grain.iter_epoch(0)
+    for _ in range(3):  # rows 0-11 are whole
+        next(batches)
+    named = r"bad\.array_record, record 12 cannot be read \(.*hash mismatch.*\): the ArrayRecord"
+    with pytest.raises(ValueError, match=named) as grain_error:
+        next(batches)  # rows 12-15: in place, through Grain's source
+    with pytest.raises(ValueError, match=named) as copy_error:
+        loaders.make("numpy", dataset=tmp_path, batch_size=4, transform=first_bytes)  # the copy
+    for raised in (grain_error, copy_error):
+        assert isinstance(raised.value.__cause__, RuntimeError)  # Riegeli's own, kept
+
+
+def test_a_damaged_footer_is_refused_naming_its_file_not_read_as_empty(tmp_path, cache):
+    # Riegeli puts the footer's postscript at the start of the file's last
+    # 64 KiB block; damaged, the reader says it holds no records.
+    damaged_arrayrecord(tmp_path / "bad.array_record", flip=65536 - 64)
+    with pytest.raises(ValueError, match=r"bad\.array_record is not a readable ArrayRecord") as e:
+        loaders.load_dataset(tmp_path)
+    assert isinstance(e.value.__cause__, RuntimeError)
