@@ -66,6 +66,7 @@ def _write_index(paths: Sequence[Path], scratch: Path) -> None:
     with contextlib.ExitStack() as open_files:
         open_files.callback(lambda: numeric.close(rows=rows, units=units))
         for file_number, path in enumerate(paths):
+            file_start = rows  # errors name the row of the file
             for batch, mapped in _batches(path):
                 order = order or list(batch.schema.names)
                 if list(batch.schema.names) != order:  # the copy names the difference
@@ -74,7 +75,7 @@ def _write_index(paths: Sequence[Path], scratch: Path) -> None:
                 for i, name in enumerate(batch.schema.names):
                     column, where = batch.column(i), f"{path}, column {name!r}"
                     if (binary := _binary(column)) is None:
-                        numbers[name] = _numbers(column, where, rows)
+                        numbers[name] = _numbers(column, where, rows - file_start)
                         continue
                     if name not in placed:
                         placed[name] = _placed_files(scratch, len(placed), open_files)

@@ -164,20 +164,23 @@ def table_batches(
         raise _unreadable(path, kind, err) from None
 
 
-def column_values(column, where: str, row: int) -> list[bytes] | np.ndarray:
+def column_values(column, where: str, row: int, width: int = 1) -> list[bytes] | np.ndarray:
     """One Arrow column's values as a field holds them (`ColumnWriter` input):
-    bytes rows or an array; one it cannot hold is refused naming ``where`` and ``row``."""
+    bytes rows or an array; one it cannot hold is refused naming ``where`` and
+    the row of the file (``row``: the file's row that ``column`` starts at;
+    ``width``: how many of ``column``'s values each row holds, for a list's values)."""
     import pyarrow as pa
 
     kind = column.type
     if column.null_count:
-        first = row + next(i for i, valid in enumerate(column.is_valid().to_pylist()) if not valid)
+        first = np.flatnonzero(~column.is_valid().to_numpy(zero_copy_only=False))[0]
+        what = "is null" if width == 1 else "holds a null in its list"
         raise ValueError(
-            f"{where}, row {first} is null: every field needs a value in every row; "
-            "fill the nulls, or leave the column out"
+            f"{where}, row {row + first // width} of the file {what}: every field needs a "
+            "value in every row; fill the nulls, or leave the column out"
         )
     if pa.types.is_struct(kind) and kind.get_field_index("bytes") >= 0:  # HF Image / Audio
-        return column_values(column.field("bytes"), f"{where}['bytes']", row)
+        return column_values(column.field("bytes"), f"{where}['bytes']", row, width)
     if pa.types.is_binary(kind) or pa.types.is_large_binary(kind):
         return column.to_pylist()
     if pa.types.is_string(kind) or pa.types.is_large_string(kind):
@@ -185,14 +188,14 @@ def column_values(column, where: str, row: int) -> list[bytes] | np.ndarray:
     if pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_boolean(kind):
         return column.to_numpy(zero_copy_only=False)
     if pa.types.is_fixed_size_list(kind) or pa.types.is_list(kind) or pa.types.is_large_list(kind):
-        return _lists(column, where, row)
+        return _lists(column, where, row, width)
     raise ValueError(
         f"{where} is {kind}; jaxfeed reads numbers, fixed-length lists of numbers, "
         "binary and string columns: convert it, or leave the column out"
     )
 
 
-def _lists(column, where: str, row: int) -> np.ndarray:
+def _lists(column, where: str, row: int, width: int) -> np.ndarray:
     import pyarrow as pa
 
     sizes = np.asarray(column.value_lengths())
@@ -200,14 +203,14 @@ def _lists(column, where: str, row: int) -> np.ndarray:
     if len(differ) or (len(sizes) and sizes[0] == 0):
         bad = int(differ[0]) if len(differ) else 0
         raise ValueError(
-            f"{where}, row {row + bad} holds {sizes[bad]} values where row {row} holds "
+            f"{where}, row {row + bad // width} holds {sizes[bad]} values where row {row} holds "
             f"{sizes[0]}: jaxfeed reads fixed-length lists only (one row shape per field); "
             "pad them to one length, or store them as bytes and decode them in transform="
         )
     flat = column.flatten()
     if isinstance(flat, pa.ChunkedArray):
         flat = flat.combine_chunks()
-    inner = column_values(flat, where, 0)
+    inner = column_values(flat, where, row, width * int(sizes[0]) if len(sizes) else width)
     if not isinstance(inner, np.ndarray):
         raise ValueError(f"{where} is a list of {flat.type}; lists of numbers only")
     return inner.reshape(len(column), -1, *inner.shape[1:]) if len(column) else inner

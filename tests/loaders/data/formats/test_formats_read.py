@@ -160,3 +160,26 @@ def test_a_prepared_tfds_directory(want, file_format):
     np.testing.assert_array_equal(ds["label"], labels)
     with pytest.raises(MissingSplitError, match=r"has no 'test' split: its TFDS splits are"):
         loaders.load_dataset(prepared, "test")
+
+
+@pytest.mark.parametrize(
+    ("column", "kind", "named"),
+    [
+        ("box", "list", r"row 500 of the file holds a null in its list"),
+        ("label", "scalar", r"row 1100 of the file is null"),  # in the file's second batch
+    ],
+)
+def test_a_null_names_its_row_in_its_file(tmp_path, column, kind, named):
+    import pyarrow as pa
+    from pyarrow import parquet
+
+    boxes, labels = [[1.0, 2.0, 3.0]] * 2000, list(range(2000))
+    if kind == "list":
+        boxes[500] = [1.0, None, 3.0]  # the 1502nd of the file's values
+    else:
+        labels[1100] = None
+    for name, rows in (("a", slice(0, 10)), ("b", slice(None))):  # a.parquet: 10 whole rows
+        columns = {"box": pa.array(boxes[rows], pa.list_(pa.float32())), "label": labels[rows]}
+        parquet.write_table(pa.table(columns), tmp_path / f"{name}.parquet")
+    with pytest.raises(ValueError, match=rf"b\.parquet, column '{column}', {named}: every field"):
+        loaders.load_dataset(tmp_path)
