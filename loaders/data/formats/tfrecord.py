@@ -16,22 +16,37 @@ checked against its checksum too, as TensorFlow's reader checks it, by
 ``google-crc32c`` (compiled: a CRC-32C of every byte in numpy would be the
 slowest step by far), so a flipped byte in an image is refused by record,
 not decoded into other pixels.
+
+A record's length is bounded before its bytes are gathered, so a damaged
+length costs no memory: in a plain file, a length past the file's end is
+refused at once; in a gzip file, whose size after inflating is unknown until
+it is inflated, a length over ``JAXFEED_MAX_RECORD_BYTES`` (default 1 GiB).
 """
 
 from __future__ import annotations
 
 import itertools
+import os
 import struct
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 from jaxfeed.loaders.data.formats.example import Record
 
-__all__ = ["GZIP_MAGIC", "masked_crc32c", "tfrecord_records"]
+__all__ = [
+    "DEFAULT_MAX_RECORD_BYTES",
+    "GZIP_MAGIC",
+    "MAX_RECORD_ENV",
+    "masked_crc32c",
+    "tfrecord_records",
+]
 
 GZIP_MAGIC = b"\x1f\x8b"
+MAX_RECORD_ENV = "JAXFEED_MAX_RECORD_BYTES"
+DEFAULT_MAX_RECORD_BYTES = 1 << 30  # of a gzip file's record; a record is gathered whole
 _CHUNK_BYTES = 4 << 20  # read at once: few calls, bounded memory
 _HEADER, _FOOTER = 12, 4  # length + its CRC; the data's CRC
 
@@ -74,19 +89,23 @@ def tfrecord_records(path: Path) -> Iterator[Record]:
     """Each record of ``path`` in order, as ``(file, index, bytes)``.
 
     Raises:
-      ValueError: the file ends inside a record, a length or a record's
-        data fails its checksum, or the gzip stream is damaged (the message names the file
-        and the record), after the records before it.
+      ValueError: the file ends inside a record (in a plain file, known from
+        its length before the record is read), a length or a record's data
+        fails its checksum, a gzip file's record is longer than
+        ``JAXFEED_MAX_RECORD_BYTES``, or the gzip stream is damaged (the
+        message names the file and the record), after the records before it.
     """
     from google_crc32c import value as crc32c
 
     with open(path, "rb") as raw:
         compressed = raw.read(2) == GZIP_MAGIC
     name, index = str(path), 0
+    most = _max_record_bytes() if compressed else None
     with open(path, "rb") as file:
         chunks = _gunzipped(file) if compressed else iter(lambda: file.read(_CHUNK_BYTES), b"")
+        size = None if compressed else os.fstat(file.fileno()).st_size
         pieces: list[bytes] = []
-        have, wanted = 0, _HEADER
+        have, wanted, offset = 0, _HEADER, 0  # offset: where ``pieces`` start in the stream
         try:
             for chunk in itertools.chain(chunks, [b""]):
                 pieces.append(chunk)
@@ -94,7 +113,8 @@ def tfrecord_records(path: Path) -> Iterator[Record]:
                 if chunk and have < wanted:  # a record longer than a chunk: gather more first
                     continue
                 data = b"".join(pieces)
-                frames, rest, error = _frames(data, path, index, at_end=not chunk)
+                room = _Room(offset, None if size is None else size - offset, most)
+                frames, rest, error = _frames(data, path, index, room, at_end=not chunk)
                 for start, stop in frames:
                     record = data[start:stop]
                     if _masked(crc32c(record)) != _CHECKSUM.unpack_from(data, stop)[0]:
@@ -103,10 +123,32 @@ def tfrecord_records(path: Path) -> Iterator[Record]:
                     index += 1
                 if error is not None:
                     raise error
-                pieces = [data[rest:]]
+                pieces, offset = [data[rest:]], offset + rest
                 have, wanted = len(pieces[0]), _wanted(pieces[0])
         except (EOFError, zlib.error) as err:
             raise _damaged(path, index, f"its gzip stream is damaged ({err})") from None
+
+
+def _max_record_bytes() -> int:
+    """The longest record a gzip file may hold: ``JAXFEED_MAX_RECORD_BYTES``, else
+    `DEFAULT_MAX_RECORD_BYTES`.
+
+    Raises:
+      ValueError: the variable is not a positive whole number.
+    """
+    value = os.environ.get(MAX_RECORD_ENV)
+    if value is None:
+        return DEFAULT_MAX_RECORD_BYTES
+    try:
+        most = int(value)
+    except ValueError:
+        most = 0
+    if most <= 0:
+        raise ValueError(
+            f"{MAX_RECORD_ENV}={value!r} is not a positive whole number of bytes; set it to "
+            f"e.g. {2 * DEFAULT_MAX_RECORD_BYTES} or unset it (default {DEFAULT_MAX_RECORD_BYTES})"
+        )
+    return most
 
 
 def _gunzipped(file) -> Iterator[bytes]:
@@ -145,25 +187,46 @@ def _wanted(data: bytes) -> int:
 _LENGTH, _CHECKSUM = struct.Struct("<Q"), struct.Struct("<I")
 
 
+class _Room(NamedTuple):
+    """What bounds the records of ``data`` (`_frames`) before they are read."""
+
+    start: int  # where ``data`` starts in the file (a gzip file's: in its inflated bytes)
+    end: int | None  # a plain file's end, counted from ``start``; None: unknown (gzip)
+    most: int | None  # the longest record a gzip file may hold; None: a plain file's
+
+    def where(self, pos: int) -> str:
+        """Where the record at ``pos`` in ``data`` starts, as a user finds it."""
+        inflated = "" if self.most is None else " of the inflated data"
+        return f"at byte {self.start + pos}{inflated}"
+
+
 def _frames(
-    data: bytes, path: Path, index: int, at_end: bool
+    data: bytes, path: Path, index: int, room: _Room, at_end: bool
 ) -> tuple[list[tuple[int, int]], int, ValueError | None]:
     """The ``(start, stop)`` of each whole record in ``data`` (its first is
     record ``index``), where the rest begins, and the error that stops the
-    file after those records: a length that fails its checksum, or (when
-    ``at_end``: nothing follows ``data``) data that ends inside a record."""
+    file after those records: a length that fails its checksum, one longer
+    than ``room`` leaves (the record is not read), or (when ``at_end``:
+    nothing follows ``data``) data that ends inside a record."""
     size, heads, pos = len(data), [], 0
     while pos + _HEADER <= size:  # the walk: lengths checked below, all at once
         heads.append(pos)
         pos += _HEADER + _LENGTH.unpack_from(data, pos)[0] + _FOOTER
     bad = _first_bad_length(data, heads)
-    frames = []
+    frames, most = [], room.most
     for pos in heads[:bad]:
-        stop = pos + _HEADER + _LENGTH.unpack_from(data, pos)[0]
+        length = _LENGTH.unpack_from(data, pos)[0]
+        stop = pos + _HEADER + length
+        if most is not None and length > most:
+            return frames, pos, _too_long(path, index + len(frames), length, room.where(pos), most)
         if stop + _FOOTER > size:  # the last head: not whole in ``data``
-            if not at_end:
+            end = size if at_end else room.end
+            if end is None or stop + _FOOTER <= end:  # the rest of it is still to read
                 return frames, pos, None
-            problem = f"the file ends inside it ({stop - pos - _HEADER} bytes long)"
+            problem = (
+                f"the file ends inside it (its header, {room.where(pos)}, says {length} bytes; "
+                f"{end - pos - _HEADER} follow it)"
+            )
             return frames, pos, _damaged(path, index + len(frames), problem)
         frames.append((pos + _HEADER, stop))
     rest = frames[-1][1] + _FOOTER if frames else 0
@@ -182,6 +245,14 @@ def _first_bad_length(data: bytes, heads: list[int]) -> int:
     stored = buffer[at + np.arange(8, 12)].copy().view("<u4")[:, 0]
     bad = np.flatnonzero(_masked_crc32c_rows(buffer[at + np.arange(8)]) != stored)
     return int(bad[0]) if len(bad) else len(heads)
+
+
+def _too_long(path: Path, index: int, length: int, where: str, most: int) -> ValueError:
+    return ValueError(
+        f"{path}, record {index}: its length header ({where}) says {length} bytes, more than "
+        f"the {most} a gzip file's record may hold ({MAX_RECORD_ENV}); the file is damaged "
+        f"(write it again), or its records are that long: set {MAX_RECORD_ENV} higher"
+    )
 
 
 def _damaged(path: Path, index: int, problem: str) -> ValueError:
