@@ -1,13 +1,17 @@
 """Grain's door: what a ``DataLoader`` and a batched dataset were built with,
-and the absl flag its worker processes read.
+the absl flag its worker processes read, and the shared memory they hand
+batches over in.
 
 Checked against grain 0.2.18 (the pin in ``constraints.txt``).
 """
 
 from __future__ import annotations
 
+import mmap
 from collections.abc import Callable, Sequence
 from typing import Any
+
+import numpy as np
 
 
 def loader_sampler(loader: Any) -> Any:
@@ -64,3 +68,25 @@ def mark_absl_flags_parsed() -> None:
 
     if not flags.FLAGS.is_parsed():
         flags.FLAGS.mark_as_parsed()
+
+
+def out_of_shared_memory(leaf: Any) -> Any:
+    """``leaf`` copied out of the shared memory Grain's worker processes
+    handed it over in (a ``SharedMemoryArray``), whose segment is unlinked now;
+    any other leaf as it is.
+
+    Grain unlinks a segment when its array is garbage, in a background
+    thread; its iterator keeps the last batches in reference cycles (an
+    exception's frames), freed only by a later garbage collection, so a run
+    that ends first leaves their segments to the resource tracker ("leaked
+    shared_memory objects"). The array is told not to unlink the name again
+    (private ``_unlink_on_del``); a view of one (its ``base`` not the mapping,
+    as Grain's own ``__del__`` tells) is only copied.
+    """
+    if type(leaf).__name__ != "SharedMemoryArray":
+        return leaf
+    copy = np.array(leaf)  # a plain ndarray of its own
+    if isinstance(leaf.base, mmap.mmap) and leaf._unlink_on_del:
+        leaf._unlink_on_del = False
+        leaf.shm.unlink()
+    return copy

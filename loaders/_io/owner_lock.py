@@ -20,7 +20,13 @@ import stat
 import tempfile
 from collections.abc import Callable
 
-__all__ = ["hold", "owned_directory", "owner_gone", "remove_dead_directories"]
+__all__ = [
+    "hold",
+    "owned_directory",
+    "owner_gone",
+    "remove_dead_directories",
+    "remove_if_owner_gone",
+]
 
 
 def hold(path: str | os.PathLike) -> int:
@@ -75,14 +81,24 @@ def remove_dead_directories(base: str | os.PathLike, prefix: str) -> list[str]:
     """Removes the directories ``base/<prefix>*`` whose owner is gone (their
     lock is free); a live one's, one without a lock file, and anything not a
     directory of this user's (a symlink, another user's) are left alone."""
-    removed = []
     pattern = os.path.join(glob.escape(os.fspath(base)), glob.escape(prefix) + "*")
-    for directory in glob.glob(pattern):
-        try:
-            real = _mine(os.lstat(directory), stat.S_ISDIR)
-        except OSError:
-            continue
-        if real and owner_gone(os.path.join(directory, _OWNER)):
-            shutil.rmtree(directory, ignore_errors=True)
-            removed.append(directory)
-    return removed
+    return [directory for directory in glob.glob(pattern) if remove_if_owner_gone(directory)]
+
+
+def remove_if_owner_gone(directory: str | os.PathLike) -> bool:
+    """Removes ``directory`` (an `owned_directory`) if its owner is gone;
+    whether it did. A live owner's, one without a lock file, and anything
+    not a directory of this user's are left alone."""
+    try:
+        if not _mine(os.lstat(directory), stat.S_ISDIR):
+            return False
+    except OSError:
+        return False
+    if not owner_gone(os.path.join(directory, _OWNER)):
+        return False
+    # Again if need be: a dead owner's worker may add a file while it goes.
+    for _ in range(3):
+        shutil.rmtree(directory, ignore_errors=True)
+        if not os.path.lexists(directory):
+            break
+    return True

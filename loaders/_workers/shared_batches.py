@@ -13,8 +13,10 @@ transform in one worker: on digits-png with 2 cores, 2 workers gave 4,579
 rows/s through the pipe and 8,864 through files (1 worker in this process:
 6,361). Files in a directory of their own need no resource tracker, and
 whatever a cancelled read or a killed worker leaves there goes with it. The
-directory's owner holds a lock in it (`owner_lock`), so the next run removes what a run
-that was killed outright (SIGKILL, out of memory) left in ``/dev/shm``.
+directory's owner holds a lock in it (`owner_lock`). A run killed outright
+(SIGKILL, out of memory) removes nothing itself: its workers remove its
+directory as they end with it (`removed_with_owner`), and the next run
+removes what a run killed with its workers left in ``/dev/shm``.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import errno
+import functools
 import mmap
 import os
 import shutil
@@ -31,7 +34,8 @@ from collections.abc import Mapping
 from typing import NamedTuple, NoReturn
 
 import numpy as np
-from jaxfeed.loaders._io.owner_lock import owned_directory
+from jaxfeed.loaders._io.owner_lock import owned_directory, remove_if_owner_gone
+from jaxfeed.loaders._workers.spawn import at_parent_exit
 
 __all__ = [
     "Handed",
@@ -43,6 +47,7 @@ __all__ = [
     "layout_bytes",
     "make_directory",
     "remove_all",
+    "removed_with_owner",
     "remove_directory",
     "reuse_or_allocate",
     "views",
@@ -83,6 +88,19 @@ def remove_directory(directory: str) -> None:
     handle = _HELD.pop(directory, None)
     if handle is not None:
         os.close(handle)
+
+
+def removed_with_owner(directory: str) -> None:
+    """In a worker: ``directory``, its parent's, is removed when the worker
+    ends with its parent (`spawn.exit_with_parent`) and the directory's owner
+    is gone, so a parent killed outright does not leave its batches holding
+    memory until the next run. Once per directory."""
+    if directory not in _REMOVED_WITH_OWNER:
+        _REMOVED_WITH_OWNER.add(directory)
+        at_parent_exit(functools.partial(remove_if_owner_gone, directory))
+
+
+_REMOVED_WITH_OWNER: set[str] = set()
 
 
 def write(batch: Mapping[str, np.ndarray], directory: str) -> Handed:

@@ -174,6 +174,7 @@ _WORKS: dict[str, tuple[Any, ...]] = {}
 def _start(directory: str) -> None:
     global _DIRECTORY
     _DIRECTORY = directory
+    shared_batches.removed_with_owner(directory)
 
 
 def _batch(
@@ -185,6 +186,7 @@ def _batch(
     for closed in [path for path in _WORKS if path != work and not os.path.exists(path)]:
         del _WORKS[closed]  # its source closed: bounded by the sources open
     if work not in _WORKS:
+        shared_batches.removed_with_owner(os.path.dirname(work))  # (the spill directory's too)
         with open(work, "rb") as file:
             _WORKS[work] = pickle.load(file)
     read, transform = _WORKS[work]

@@ -177,12 +177,22 @@ def exit_with_parent(parent: int | None = None) -> None:
     def watch() -> None:
         while os.getppid() == parent:
             time.sleep(_PARENT_POLL_SECONDS)
+        for hook in _AT_PARENT_EXIT:
+            with contextlib.suppress(Exception):  # the next hook, and the exit, still come
+                hook()
         os._exit(0)
 
     threading.Thread(target=watch, name="jaxfeed-parent-watch", daemon=True).start()
 
 
 _PARENT_POLL_SECONDS = 0.5
+_AT_PARENT_EXIT: list[Callable[[], None]] = []
+
+
+def at_parent_exit(hook: Callable[[], None]) -> None:
+    """In a child: runs ``hook`` when `exit_with_parent` sees the parent gone,
+    before the child ends: to undo what a parent killed outright could not."""
+    _AT_PARENT_EXIT.append(hook)
 
 
 class _StopSignalsIgnoringProcess(AroundBootstrap, SpawnProcess):

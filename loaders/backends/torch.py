@@ -70,6 +70,8 @@ class ArrayTorchDataset(ArrayRows, torch_data.Dataset):
         """The whole batch in one gather (torch's fetcher prefers this to
         ``__getitem__``), transformed when ``indices`` is ``(epoch, indices)``
         or a `_Task` with an epoch; put in the task's ring slot if it has one."""
+        if self.handoff is not None:  # in a worker: its parent's, to remove if it is killed
+            shared_batches.removed_with_owner(self.handoff)
         slot = epoch = None
         if isinstance(indices, _Task):
             slot, epoch, indices = indices

@@ -66,6 +66,9 @@ def cache_root() -> Path:
 
     Returns:
       The cache root, with ``~`` expanded.
+
+    Raises:
+      ValueError: the directory belongs to another user (see `_own_part`).
     """
     explicit = os.environ.get(CACHE_ENV)
     if explicit:
@@ -85,13 +88,15 @@ def _own_part(root: Path) -> Path:
 
     Raises:
       ValueError: ``root/user-<uid>`` exists but is not this user's own
-        directory, or others may write it; the message says what to do.
+        directory, or others may write it; or only another user may write
+        ``root``. The message says what to do.
     """
     try:
-        shared = root.stat().st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+        status = root.stat()
     except OSError:
         return root  # not there yet (writable_dir makes it, as this user), or unusable: it says so
-    if not shared:
+    if not status.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        _check_owner(root, status)
         return root
     own = root / f"user-{os.getuid()}"
     with contextlib.suppress(FileExistsError, PermissionError):
@@ -112,6 +117,25 @@ def _own_part(root: Path) -> Path:
             "of your own"
         )
     return own
+
+
+def _check_owner(path: Path, status: os.stat_result) -> None:
+    """Refuses ``path`` unless it is this user's, or root's and writable by
+    root alone (as ``/usr`` is): another user who owns a cache directory or
+    entry could swap its files, manifest and all, for rows of their choosing.
+
+    Raises:
+      ValueError: ``path`` belongs to another user; the message names the
+        owner and the fix.
+    """
+    mine = status.st_uid == os.getuid()
+    if mine or (status.st_uid == 0 and not status.st_mode & (stat.S_IWGRP | stat.S_IWOTH)):
+        return
+    raise ValueError(
+        f"the cache path {path} belongs to uid {status.st_uid}, not to you (uid {os.getuid()}), "
+        f"so that user could change what jaxfeed reads from it; set {CACHE_ENV} to a "
+        "directory of your own"
+    )
 
 
 def writable_dir(path: str | os.PathLike) -> Path:
@@ -212,6 +236,8 @@ def build_once(path: Path, build: Callable[[Path], None]) -> Path:
         by another jaxfeed version), or fails its manifest; the message names
         the directory to delete.
     """
+    with contextlib.suppress(FileNotFoundError):  # (the root above it: cache_root checks it)
+        _check_owner(path.parent, path.parent.stat())  # the format's folder, e.g. formats/
     if (path / MANIFEST).is_file():
         check_entry(path)
         return path
@@ -280,7 +306,11 @@ def check_entry(path: Path) -> None:
       RuntimeError: a file is missing, has the wrong size or the wrong
         checksum, or the manifest is unreadable. The message names the
         directory to delete so that it is rebuilt.
+      ValueError: the entry, a folder in it or a file belongs to another user.
     """
+    with contextlib.suppress(FileNotFoundError):  # (reading the manifest says so)
+        _check_owner(path, path.stat())
+        _check_owner(path / MANIFEST, os.lstat(path / MANIFEST))
     try:
         manifest = json.loads((path / MANIFEST).read_text())
         files, whole = manifest["files"], manifest.get("format", 1) < 2  # 1: CRCs of every byte
@@ -326,6 +356,9 @@ def _regular_file_inside(entry: Path, name: str) -> os.stat_result:
     status = os.lstat(entry / name)  # a link is not followed: it is refused
     if not stat.S_ISREG(status.st_mode):
         raise _damaged(entry, f"{name} is not a regular file inside the entry")
+    for folder in [*Path(name).parents][:-1]:  # (the last is ".", the entry: checked)
+        _check_owner(entry / folder, (entry / folder).stat())
+    _check_owner(entry / name, status)
     return status
 
 

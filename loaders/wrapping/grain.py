@@ -168,7 +168,7 @@ def _in_grain_workers(read: Read, options: Any) -> Read:
             if batch is None:
                 return
             # Workers hand batches over in shared memory: a copy frees it now.
-            yield map_leaves(np.array, batch)
+            yield map_leaves(lambda leaf: np.asarray(grain_door.out_of_shared_memory(leaf)), batch)
 
     return read_in_workers
 
@@ -186,6 +186,10 @@ class GrainCursor(IterCursor):
         self._batches = iter(self._make(pass_))
         if state is not None:
             self._batches.set_state(state)
+
+    def next(self) -> Any:
+        # Workers (mp_prefetch, a loader's) hand batches over in shared memory.
+        return map_leaves(grain_door.out_of_shared_memory, next(self._batches))
 
     def state(self) -> Any:
         return self._batches.get_state()

@@ -3,6 +3,7 @@ its source, and it may name only regular files inside itself."""
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -157,3 +158,38 @@ def test_a_live_build_in_another_pid_namespace_is_never_taken_for_dead(tmp_path)
         child.wait()
     assert (tmp_path / "entry" / "rows.bin").read_bytes() == b"mine"
     assert [p.name for p in tmp_path.iterdir() if ".build-" in p.name] == []  # nothing left
+
+
+def _parquet_labels(directory):
+    source = loaders.make("numpy", dataset=directory, batch_size=4, shuffle=False)
+    return np.concatenate([b["label"] for b in source.iter_epoch(0)])
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only root can give a directory to another user")
+def test_a_cache_that_another_user_owns_is_refused(tmp_path, monkeypatch):
+    import pyarrow as pa
+    from pyarrow import parquet
+
+    data = tmp_path / "data"
+    data.mkdir()
+    labels = np.arange(12) % 3
+    parquet.write_table(pa.table({"x": np.arange(12.0), "label": labels}), data / "train.parquet")
+    root = tmp_path / "cache"
+    monkeypatch.setenv(cache.CACHE_ENV, str(root))
+    np.testing.assert_array_equal(_parquet_labels(data), labels)
+    (entry,) = (root / "formats").iterdir()
+    fields = json.loads((entry / "fields.json").read_text())["fields"]
+    shifted = np.roll(np.fromfile(entry / fields["label"]["file"], "<i8"), 1)
+    shifted.tofile(entry / fields["label"]["file"])  # a neighbour's edit, manifest and all
+    (entry / cache.MANIFEST).unlink()
+    cache._write_manifest(entry)
+    cache._checked.clear()
+    assert list(_parquet_labels(data)) == list(np.roll(labels, 1))  # (the poison works)
+    root.chmod(0o755)
+    for path in (root, root / "formats", entry, entry / fields["label"]["file"]):
+        os.chown(path, 12345, 12345)  # the neighbour's, though no one else may write it
+        refusal = rf"cache path {re.escape(str(path))} belongs to uid 12345, not to you .*; set "
+        with pytest.raises(ValueError, match=refusal + rf"{cache.CACHE_ENV} to a directory of"):
+            _parquet_labels(data)
+        os.chown(path, 0, 0)  # root's, writable by root alone: trusted
+    assert list(_parquet_labels(data)) == list(np.roll(labels, 1))

@@ -142,6 +142,33 @@ def test_grain_absl_flags_marked_parsed():
     expect(flags.FLAGS.is_parsed(), "grain", "absl-py", "absl flags are still unparsed")
 
 
+def test_grain_shared_memory_is_copied_out_and_unlinked_now():
+    from grain.python import SharedMemoryArray
+
+    array = SharedMemoryArray((4,), np.float32)
+    array[:] = np.arange(4)
+    array.unlink_on_del()  # as Grain's iterator marks a batch it received
+    segment = f"/dev/shm/{array.shm.name.lstrip('/')}"
+    expect(os.path.exists(segment), "grain", "grain", f"no segment {segment}")
+    copy = read("grain", "grain", grain_door.out_of_shared_memory, array)
+    expect(
+        type(copy) is np.ndarray and list(copy) == [0, 1, 2, 3],
+        "grain",
+        "grain",
+        f"out_of_shared_memory gave {copy!r}",
+    )
+    expect(not os.path.exists(segment), "grain", "grain", f"{segment} is still linked")
+    expect(
+        array._unlink_on_del is False,
+        "grain",
+        "grain",
+        "SharedMemoryArray._unlink_on_del is not what marks the array to unlink its segment",
+    )
+    del array  # its __del__ only closes the mapping now
+    plain = np.arange(3)
+    expect(grain_door.out_of_shared_memory(plain) is plain, "grain", "grain", "copied a plain leaf")
+
+
 # --- tf.data and TFDS ----------------------------------------------------------------------
 
 
