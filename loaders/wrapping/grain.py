@@ -230,6 +230,9 @@ def wrap_iter_dataset(dataset: Any, settings: WrapSettings, **_: Any) -> Epochs:
     own_order(kind, settings, "it is a stream")
     one_process(kind, settings, "it is a stream", fix)
     _refuse_finite_repeat(dataset, kind, settings)
+    # The user's own mp_prefetch reads an absl flag too; its node is not named
+    # in the public parents (grain 0.2.18 builds it from an interleave).
+    grain_door.mark_absl_flags_parsed()
     batch_size = settings.batch_size
     native = _batch_size_of(dataset)
     if native is not None and batch_size not in (None, native):

@@ -297,13 +297,12 @@ def test_a_killed_tf_run_leaves_no_autograph_file(tmp_path):
 
 # A wrapped Grain pipeline whose workers hand batches over in shared memory,
 # read to its end and held to the exit, as a training script holds its loader.
+# Outside absl.app.run, as most scripts are: wrap marks absl's flags parsed.
 _WRAPPED_MP_PREFETCH = r"""
 import grain
 import numpy as np
-from absl import flags
 from jaxfeed import loaders
 
-flags.FLAGS.mark_as_parsed()  # (as absl.app.run would: mp_prefetch reads a flag)
 rows = [{"x": np.full((8, 8), i, np.float32), "label": np.int32(i)} for i in range(64)]
 dataset = (grain.MapDataset.source(rows).batch(16).to_iter_dataset()
            .mp_prefetch(grain.MultiprocessingOptions(num_workers=2)))
