@@ -210,13 +210,13 @@ def _check_arguments(
             f"eval_step must be a function eval_step(state, batch) -> sums, got {eval_step!r:.80}"
         )
     check_source("train", train)
-    if eval is not None:
-        check_source("eval", eval)
     check_bool("resume", resume)
     if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 0:
         raise ValueError(f"epochs must be an integer >= 0, got {epochs!r}")
     if (eval is None) != (eval_step is None):
         raise ValueError("pass eval and eval_step together (eval_step computes eval's sums)")
+    if eval is not None:
+        check_source("eval", eval)
     if nan_policy not in ("stop", "continue"):
         raise ValueError(f"nan_policy must be 'stop' or 'continue', got {nan_policy!r}")
     if resume and checkpoint is None:
