@@ -235,7 +235,14 @@ def _field(dataset: str, key: object, value: object) -> np.ndarray | BytesField:
             return BytesField.from_values(value)
         except TypeError as err:
             raise ValueError(f"{where}: {err}; a bytes field holds bytes in every row") from None
-    array = np.asarray(value)
+    try:
+        array = np.asarray(value)
+    except ValueError:  # numpy's "setting an array element with a sequence"
+        if not isinstance(value, list | tuple):
+            raise
+        raise ValueError(_ragged(where, value)) from None
+    if array.dtype.kind == "O" and array.ndim == 1 and len({_shape(r) for r in array}) > 1:
+        raise ValueError(_ragged(where, array))  # an object array of rows
     if array.dtype.kind not in NUMERIC_KINDS:
         raise ValueError(
             f"{where} is {array.dtype} ({array.dtype.kind!r} kind); datasets hold numbers, "
@@ -255,6 +262,24 @@ def _field(dataset: str, key: object, value: object) -> np.ndarray | BytesField:
     view = np.ascontiguousarray(array).view()
     view.flags.writeable = False
     return view
+
+
+def _shape(row: object) -> tuple[int, ...] | str:
+    try:
+        return np.shape(row)
+    except ValueError:  # itself ragged
+        return "ragged"
+
+
+def _ragged(where: str, rows: Any) -> str:
+    """What to say of a field whose rows have different shapes."""
+    shapes = [_shape(row) for row in rows]
+    other = next((i for i, shape in enumerate(shapes) if shape != shapes[0]), None)
+    which = "" if other is None else f" (row 0: {shapes[0]}, row {other}: {shapes[other]})"
+    return (
+        f"{where} has rows of different shapes{which}; every row of a field must have one "
+        f"shape: pad or cut them to one length first (variable-length sequences are planned)"
+    )
 
 
 def _native_byte_order(array: np.ndarray, where: str) -> np.ndarray:

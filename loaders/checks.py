@@ -1,5 +1,6 @@
 """The small checks of user input shared across `jaxfeed.loaders`: an int in
-range, a batch size, a seed, a position in an epoch, a backend's worker count.
+range, a bool, a `BatchSource`, a batch size, a seed, a position in an epoch,
+a backend's worker count.
 
 Each raises the same ``TypeError`` / ``ValueError`` wherever the value is
 given (a backend, `wrap`, the sampler), naming the argument and the fix.
@@ -10,6 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import numpy as np
+from jaxfeed.loaders.protocol import BatchSource
 
 if TYPE_CHECKING:
     from jaxfeed.loaders.transform import RecordTransform
@@ -34,6 +36,31 @@ def check_int(name: str, value: object, low: int, high: int | None = None, fix: 
     if value < low or (high is not None and value > high):
         raise ValueError(message + fix)
     return int(value)
+
+
+def check_bool(name: str, value: object) -> bool:
+    """``value`` as a Python bool, if it is one (or a numpy bool): a truthy
+    string such as ``'no'`` would otherwise mean True.
+
+    Raises:
+      TypeError: anything else (the message names ``name`` and the value).
+    """
+    if not isinstance(value, bool | np.bool_):
+        raise TypeError(f"{name} must be True or False, got {value!r} ({type(value).__name__})")
+    return bool(value)
+
+
+def check_source(name: str, value: object) -> None:
+    """Raises unless ``value`` is a `BatchSource`, naming ``name`` and what it got.
+
+    Raises:
+      TypeError: not a `BatchSource` (a loader not yet wrapped, a path, None).
+    """
+    if not isinstance(value, BatchSource):
+        raise TypeError(
+            f"{name} must be a BatchSource (from jaxfeed.make or jaxfeed.wrap), got "
+            f"{value!r:.80} ({type(value).__name__}); wrap a loader first: jaxfeed.wrap(loader)"
+        )
 
 
 def check_batch_size(batch_size: object) -> int:

@@ -25,7 +25,13 @@ import math
 from collections.abc import Iterator
 
 import numpy as np
-from jaxfeed.loaders.checks import check_batch_size, check_int, check_position, check_seed
+from jaxfeed.loaders.checks import (
+    check_batch_size,
+    check_bool,
+    check_int,
+    check_position,
+    check_seed,
+)
 
 SHUFFLES = (True, False, "blocks")
 DEFAULT_WINDOW_BLOCKS = 16
@@ -60,7 +66,8 @@ class Sampler:
       process_count: number of processes sharing the epoch.
 
     Raises:
-      TypeError: a batch size, seed or process number that is not an int.
+      TypeError: a batch size, seed or process number that is not an int; a
+        ``drop_remainder`` that is not a bool.
       ValueError: a batch size below 1, a seed outside ``[0, 2**32 - 1]``, a
         global batch larger than the split, or an inconsistent process
         index/count.
@@ -86,6 +93,7 @@ class Sampler:
             ("seed", check_seed(self.seed)),
             ("process_index", check_int("process_index", self.process_index, 0)),
             ("process_count", check_int("process_count", self.process_count, 1)),
+            ("drop_remainder", check_bool("drop_remainder", self.drop_remainder)),
         ):
             object.__setattr__(self, name, value)
         if self.process_count < 1 or not 0 <= self.process_index < self.process_count:

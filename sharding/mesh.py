@@ -51,7 +51,10 @@ def data_mesh(
 
 
 def batch_sharding(
-    mesh_or_sharding: Mesh | NamedSharding | None = None, *, data_axis: str = DATA_AXIS
+    mesh_or_sharding: Mesh | NamedSharding | None = None,
+    *,
+    data_axis: str = DATA_AXIS,
+    argument: str = "mesh_or_sharding",
 ) -> NamedSharding:
     """The sharding of every batch leaf: leading axis over ``data_axis``,
     replicated over any other mesh axis.
@@ -60,12 +63,19 @@ def batch_sharding(
       mesh_or_sharding: a `Mesh` (its ``data_axis`` is used), a user's
         `NamedSharding` (returned as is), or None for ``data_mesh()``.
       data_axis: the mesh axis to split batches over.
+      argument: the caller's name for ``mesh_or_sharding``, for its errors.
 
     Raises:
+      TypeError: neither a `Mesh`, a `NamedSharding` nor None.
       ValueError: the mesh has no axis called ``data_axis``.
     """
     if isinstance(mesh_or_sharding, NamedSharding):
         return mesh_or_sharding
+    if mesh_or_sharding is not None and not isinstance(mesh_or_sharding, Mesh):
+        raise TypeError(
+            f"{argument} must be a jax.sharding.Mesh, a NamedSharding or None (all devices), "
+            f"got {mesh_or_sharding!r:.80} ({type(mesh_or_sharding).__name__})"
+        )
     mesh = data_mesh(data_axis=data_axis) if mesh_or_sharding is None else mesh_or_sharding
     if data_axis not in mesh.axis_names:
         axis = mesh.axis_names[0]

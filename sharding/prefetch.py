@@ -27,6 +27,7 @@ import jax
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 from jaxfeed.loaders._io.read_ahead import END, POLL_SECONDS, pump
+from jaxfeed.loaders.checks import check_source
 from jaxfeed.loaders.protocol import BatchSource, host_fields
 from jaxfeed.sharding.mesh import batch_sharding
 from jaxfeed.sharding.placement import (
@@ -150,6 +151,8 @@ class DeviceFeed:
     numpy arrays (with k > 1, a list of k arrays), next to the device leaves.
 
     Raises:
+      TypeError: ``source`` is not a `BatchSource`, or ``sharding`` neither a
+        sharding, a mesh nor None.
       ValueError: a bad argument, or the global batch does not divide over
         the mesh's data axis (raised here, before any data is read).
 
@@ -189,7 +192,8 @@ class DeviceFeed:
         ):
             if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < low:
                 raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
-        self.sharding = batch_sharding(sharding)
+        check_source("source", source)
+        self.sharding = batch_sharding(sharding, argument="sharding")
         check_global_batch_divides_mesh(source.batch_size, self.sharding)
         check_process(source)
         self.num_batches = source.num_batches

@@ -172,6 +172,19 @@ def check_writable(path: Path | None, flag: str) -> None:
         ) from err
 
 
+def check_directory(path: Path | None, flag: str) -> None:
+    """Refuses an output directory that cannot be made or written, before any
+    work is done, without making it (a run that fails leaves nothing behind)."""
+    if path is None:
+        return
+    existing = next(p for p in (path, *path.parents) if p.exists())  # "." or "/" at last
+    if not existing.is_dir():
+        where = "is a file" if existing == path else f"lies under the file {existing}"
+        raise ValueError(f"{flag} {path} {where}; pick a directory")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ValueError(f"{flag} {path} cannot be written ({existing}: permission denied)")
+
+
 # A library error names the argument its caller passed; a user of the command
 # passed a flag. Each library spelling here is written only where it names that
 # argument (tests/cli/test_error_words.py checks each is still in use).

@@ -44,7 +44,7 @@ def add_compare(commands: argparse._SubParsersAction) -> None:
         help="copy: decoded digits (what the flags above describe); decode: digits-png, "
         "or the user's files with --dataset DIR (TFRecord, ArrayRecord, Parquet, image "
         "folder: 'image' bytes and 'label'), decoded and augmented per record in each "
-        "backend's workers, beside each framework's own reader of those files. Default: "
+        "backend's workers, beside each framework's own reader of those files. None: "
         "decode for --dataset DIR of such files, else copy",
     )
     compare.add_argument(

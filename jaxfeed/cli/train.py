@@ -15,6 +15,7 @@ from jaxfeed.cli.args import (
     DATA_DIR_HELP,
     DATASET_HELP,
     DEVICES_HELP,
+    check_directory,
     check_writable,
     in_flags,
     learning_rate,
@@ -104,7 +105,10 @@ def add_train(commands: argparse._SubParsersAction) -> None:
         "--num-processes", type=positive, default=None, help="multi-process: how many"
     )
     train.add_argument(
-        "--process-id", type=int, default=None, help="multi-process: this process's index"
+        "--process-id",
+        type=non_negative,
+        default=None,
+        help="multi-process: this process's index",
     )
     train.add_argument(
         "--peer-timeout",
@@ -253,8 +257,7 @@ def _check_checkpoint_args(args: argparse.Namespace) -> None:
         ):
             if given:
                 raise ValueError(f"{flag} needs --checkpoint-dir DIR, where checkpoints go")
-    elif args.checkpoint_dir.exists() and not args.checkpoint_dir.is_dir():
-        raise ValueError(f"--checkpoint-dir {args.checkpoint_dir} is a file; pick a directory")
+    check_directory(args.checkpoint_dir, "--checkpoint-dir")
 
 
 def _save_params(params: Any, path: Path) -> None:
@@ -306,6 +309,7 @@ def run_train(args: argparse.Namespace) -> int:
     set_devices(args.devices)
     check_writable(args.json, "--json")
     check_writable(args.save_params, "--save-params")
+    check_directory(args.tensorboard, "--tensorboard")
     _check_checkpoint_args(args)
     import jax
 

@@ -43,6 +43,7 @@ from typing import Any, NamedTuple
 
 import jax
 
+from jaxfeed.loaders.checks import check_bool
 from jaxfeed.training.verify import (
     as_json,
     check_data,
@@ -93,6 +94,7 @@ class Checkpointing:
 
     Raises:
       ValueError: ``every`` or ``keep`` is not a positive integer.
+      TypeError: ``accept_changed_data`` is not a bool.
     """
 
     directory: str | os.PathLike
@@ -107,6 +109,7 @@ class Checkpointing:
                 continue
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"Checkpointing.{name} must be an integer >= 1, got {value!r}")
+        check_bool("Checkpointing.accept_changed_data", self.accept_changed_data)
 
 
 class Restored(NamedTuple):

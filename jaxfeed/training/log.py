@@ -23,6 +23,8 @@ from typing import Any
 import jax
 from tqdm import tqdm  # not tqdm.auto: it warns in Jupyter without ipywidgets
 
+from jaxfeed.loaders.checks import check_bool
+
 __all__ = ["Logging", "TrainingLog"]
 
 LINES_PER_EPOCH = 10  # the default cadence: about every 10% of an epoch...
@@ -47,6 +49,7 @@ class Logging:
 
     Raises:
       ValueError: ``every`` is not an int >= 0 or None.
+      TypeError: ``progress`` or ``records`` is not a bool (``progress``: or None).
     """
 
     progress: bool | None = None
@@ -58,6 +61,9 @@ class Logging:
     def __post_init__(self) -> None:
         if self.every is not None and (type(self.every) is not int or self.every < 0):
             raise ValueError(f"Logging.every must be an int >= 0 or None, got {self.every!r}")
+        if self.progress is not None:
+            check_bool("Logging.progress", self.progress)
+        check_bool("Logging.records", self.records)
 
 
 class TrainingLog:

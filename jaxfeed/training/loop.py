@@ -20,6 +20,7 @@ import jax
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
+from jaxfeed.loaders.checks import check_bool, check_source
 from jaxfeed.loaders.protocol import BatchSource, SkipsDataState
 from jaxfeed.training.callbacks import Callback, as_callbacks
 from jaxfeed.training.checkpoint import Checkpointer, Checkpointing
@@ -142,7 +143,8 @@ def fit(
       KeyboardInterrupt: on Ctrl-C, once stopped at a step and checkpointed;
         `Preempted` (a KeyboardInterrupt) on SIGTERM.
     """
-    _check_arguments(epochs, eval, eval_step, nan_policy, checkpoint, resume, log)
+    _check_arguments(step, train, epochs, eval, eval_step, nan_policy, checkpoint, resume, log)
+    check_mask = check_bool("check_mask", check_mask)
     eval_due = _eval_due(eval_every)
     hooks = as_callbacks(callbacks)
     if checkpoint is not None and not isinstance(checkpoint, Checkpointing):
@@ -188,6 +190,8 @@ def fit(
 
 
 def _check_arguments(
+    step: Any,
+    train: Any,
     epochs: Any,
     eval: BatchSource | None,
     eval_step: EvalStep | None,
@@ -197,10 +201,22 @@ def _check_arguments(
     log: Any,
 ) -> None:
     """Raises ValueError or TypeError for `fit` arguments that cannot work together."""
+    if not callable(step):
+        raise TypeError(
+            f"step must be a function step(state, batch) -> (state, sums), got {step!r:.80}"
+        )
+    if eval_step is not None and not callable(eval_step):
+        raise TypeError(
+            f"eval_step must be a function eval_step(state, batch) -> sums, got {eval_step!r:.80}"
+        )
+    check_source("train", train)
+    check_bool("resume", resume)
     if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 0:
         raise ValueError(f"epochs must be an integer >= 0, got {epochs!r}")
     if (eval is None) != (eval_step is None):
         raise ValueError("pass eval and eval_step together (eval_step computes eval's sums)")
+    if eval is not None:
+        check_source("eval", eval)
     if nan_policy not in ("stop", "continue"):
         raise ValueError(f"nan_policy must be 'stop' or 'continue', got {nan_policy!r}")
     if resume and checkpoint is None:

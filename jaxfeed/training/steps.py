@@ -180,6 +180,9 @@ def eval_pass(run: Callable, state: Any, totals: Sums, source: BatchSource, shar
 
 
 def batch_sharding_of(mesh: MeshLike) -> NamedSharding:
-    if isinstance(mesh, Sequence):
+    """`fit`'s ``mesh=`` as the batch sharding; a list of devices becomes their mesh."""
+    if isinstance(mesh, Sequence) and not isinstance(mesh, str):  # "mesh" is no device list
+        if not all(isinstance(device, jax.Device) for device in mesh):
+            raise TypeError(f"mesh, given as a list, must list jax devices, got {mesh!r:.80}")
         mesh = data_mesh(list(mesh))
-    return batch_sharding(mesh)
+    return batch_sharding(mesh, argument="mesh")

@@ -267,7 +267,7 @@ def reported_start(
     """``batches``, the first of which waits for ``what`` ("2 torch workers")
     to start with ``context``; when they are spawned (not forked), that wait
     is printed to stderr: seconds, paid once by ``persistent`` workers, else
-    by every epoch (so the line says so).
+    by every epoch (so the line says so, and names ``persistent_workers=True``).
 
     Args:
       since: when the workers began to start (`time.perf_counter`); default:
@@ -282,7 +282,9 @@ def reported_start(
         for batch in batches:
             if began is not None:
                 seconds, began = time.perf_counter() - began, None
-                again = "once: they serve every epoch" if persistent else "again every epoch"
+                again = "once: they serve every epoch"
+                if not persistent:  # the start is paid again each epoch: name the fix
+                    again = "again every epoch; persistent_workers=True starts them once"
                 print(
                     f"jaxfeed: starting {what} ({method}): {seconds:.1f} s ({again})",
                     file=sys.stderr,

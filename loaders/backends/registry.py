@@ -10,7 +10,7 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from jaxfeed.loaders.checks import check_batch_size, check_seed
+from jaxfeed.loaders.checks import check_batch_size, check_bool, check_seed
 from jaxfeed.loaders.data.catalog import DatasetLike, load_dataset
 from jaxfeed.loaders.host_fields import HostFieldSource, split_host_fields
 from jaxfeed.loaders.protocol import BatchSource
@@ -233,7 +233,8 @@ def make(
         or larger than the split; a seed outside ``[0, 2**32 - 1]``.
       TypeError: an option the backend does not take; a transform that is
         not callable, or not picklable while worker processes need it; a batch size or seed
-        that is not an int (numpy integers are fine; bools and floats are not).
+        that is not an int (numpy integers are fine; bools and floats are not); a
+        ``drop_remainder`` that is not a bool.
       ImportError: the backend's package is missing.
       TransformError: the transform fails on row 0 or returns anything but
         a dict of numbers.
@@ -251,6 +252,7 @@ def make(
     # Before the dataset loads (which may download): bad numbers fail at once.
     check_batch_size(batch_size)
     check_seed(seed)
+    check_bool("drop_remainder", drop_remainder)
     data = load_dataset(dataset, split, data_dir=data_dir, format=format)
     if shuffle == "blocks" and block_rows is None:
         block_rows = default_block_rows(sum(a.nbytes for a in data.head.values()))

@@ -69,6 +69,24 @@ def flatten(raw: Any, keys: tuple[str, ...] | None) -> Batch:
     return out
 
 
+def with_positional_names(error: ValueError, raw: Any, keys: tuple[str, ...] | None) -> str | None:
+    """``error``'s message, saying how to name the fields, when it names a field
+    that is a part of a tuple batch (or a bare array) named by its position
+    (`DEFAULT_KEYS`, for want of ``keys``); else None."""
+    if keys is not None or isinstance(raw, Mapping) or hasattr(raw, "_fields"):
+        return None
+    parts = len(raw) if isinstance(raw, tuple | list) else 1
+    names = DEFAULT_KEYS[:parts]
+    if not any(repr(name) in str(error) for name in names):
+        return None
+    what = "tuple" if isinstance(raw, tuple | list) else "bare array"
+    named = ", ".join(f"{name!r} is part {i}" for i, name in enumerate(names))
+    return (
+        f"{error} (the batches are {what}s, whose parts are named by position: {named}; "
+        f"name them with keys=, e.g. keys=('input_ids', 'label'))"
+    )
+
+
 def _add(out: Batch, key: str, value: Any) -> None:
     """Nested dicts and tuples/lists of arrays become "/"-joined keys."""
     if isinstance(value, Mapping):

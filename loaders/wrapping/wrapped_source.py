@@ -11,7 +11,13 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
-from jaxfeed.loaders.checks import check_batch_size, check_int, check_position, check_seed
+from jaxfeed.loaders.checks import (
+    check_batch_size,
+    check_bool,
+    check_int,
+    check_position,
+    check_seed,
+)
 from jaxfeed.loaders.protocol import MASK_KEY, ArraySpec, Batch, BatchSource
 from jaxfeed.loaders.wrapping import raw_batches
 from jaxfeed.loaders.wrapping.kinds import KINDS, REPLAYABLE, Epochs, WrapSettings
@@ -205,8 +211,18 @@ class WrappedSource:
         (None: dropped) and its rows before padding. ``num_valid``: a
         sampler-ordered batch's real rows; the rest are zeroed, as in `make`."""
         batch = raw_batches.flatten(raw, self._keys)
-        if self._transform is not None:
+        if self._transform is not None:  # the fields are the transform's
             batch = {k: raw_batches.to_numpy(v) for k, v in self._transform(batch).items()}
+            return self._checked(batch, where, num_valid)
+        try:
+            return self._checked(batch, where, num_valid)
+        except ValueError as err:
+            said = raw_batches.with_positional_names(err, raw, self._keys)
+            if said is None:
+                raise
+            raise ValueError(said) from None
+
+    def _checked(self, batch: Batch, where: str, num_valid: int | None) -> tuple[Batch | None, int]:
         self._check_names(batch, where)
         for key, length in self._pad_to.items():
             batch[key] = raw_batches.pad_last_axis(batch[key], key, length, where)
@@ -381,7 +397,8 @@ def wrap(
         for a torch ``Dataset`` or ``IterableDataset``.
 
     Raises:
-      TypeError: an unsupported object or option; a non-int batch size.
+      TypeError: an unsupported object or option; a non-int batch size; a
+        ``drop_remainder`` that is not a bool.
       ValueError: bad arguments; a loader with no batch in an epoch; a first
         batch JAX cannot take (a non-numeric leaf, a field named ``mask``),
         naming the field. While iterating: a batch unlike the first, naming
@@ -395,6 +412,7 @@ def wrap(
         return obj
     if batch_size is not None:
         batch_size = check_batch_size(batch_size)
+    drop_remainder = check_bool("drop_remainder", drop_remainder)
     if isinstance(keys, str) or (keys is not None and not keys):
         raise ValueError(f"keys must be a sequence of names like ('image', 'label'), got {keys!r}")
     host_fields, pad_to = raw_batches.check_fields(host_fields, pad_to)

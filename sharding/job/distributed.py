@@ -232,8 +232,11 @@ def initialize(
     num_processes, process_id = int(num_processes), int(process_id)
     coordinator = str(coordinator)
     host, _, port = coordinator.rpartition(":")
-    if not host or not port.isdigit():
-        raise ValueError(f"coordinator must be HOST:PORT, got {coordinator!r}")
+    if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise ValueError(
+            f"coordinator={coordinator!r} is not HOST:PORT with a port in [1, 65535]; "
+            f"give process 0's address, e.g. 10.0.0.1:1234"
+        )
     if num_processes < 1 or not 0 <= process_id < num_processes:
         raise ValueError(
             f"process_id={process_id} is not in [0, {num_processes}) for "

@@ -229,6 +229,7 @@ def test_help_says_each_default_once(capsys, command):
         main([command, "--help"])
     text = " ".join(capsys.readouterr().out.split())  # undo line wrapping
     assert not re.search(r"\(default[^)]*\) \(default", text), text
+    assert "Default:" not in text, text  # a default in words, then argparse's (default: None)
     assert "--workers" not in text or "None: 0,1,2 (default: None)" in text
 
 

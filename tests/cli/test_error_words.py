@@ -139,3 +139,37 @@ def test_a_job_missing_its_process_count_is_named_as_the_caller_gave_it(monkeypa
 
     err = _command_error(capsys, "--coordinator", "127.0.0.1:9")
     assert "Pass --coordinator HOST:PORT, --num-processes N and --process-id I" in err, err
+
+
+@pytest.mark.parametrize(
+    ("flags", "said"),
+    [
+        # Was an OverflowError from bind(), with its traceback and exit status 1.
+        (["--coordinator", "127.0.0.1:99999", "--num-processes", "2", "--process-id", "0"],
+         "--coordinator '127.0.0.1:99999' is not HOST:PORT with a port in [1, 65535]"),
+        (["--coordinator", "nohost", "--num-processes", "2", "--process-id", "1"],
+         "--coordinator 'nohost' is not HOST:PORT"),  # was "coordinator must be HOST:PORT"
+        # Were "[Errno 20] Not a directory", once training had begun.
+        (["--tensorboard", "FILE"], "--tensorboard FILE is a file; pick a directory"),
+        (["--tensorboard", "FILE/tb"], "--tensorboard FILE/tb lies under the file FILE; pick a"),
+        (["--checkpoint-dir", "FILE/ck"], "--checkpoint-dir FILE/ck lies under the file FILE; "),
+    ],
+)  # fmt: skip
+def test_bad_multi_process_and_output_flags_are_refused_by_name(tmp_path, capsys, flags, said):
+    file = tmp_path / "file"
+    file.write_text("")
+    flags = [flag.replace("FILE", str(file)) for flag in flags]
+    assert main(["train", "--epochs", "1", "--quiet", *flags]) == 2
+    captured = capsys.readouterr()
+    assert captured.err.startswith("jaxfeed: error: ") and captured.err.count("\n") == 1
+    assert said.replace("FILE", str(file)) in captured.err, captured.err
+    assert captured.out == ""  # refused before any work
+    assert sorted(tmp_path.iterdir()) == [file]  # and nothing made
+
+
+def test_a_bad_coordinator_is_named_as_the_caller_gave_it():
+    with pytest.raises(ValueError) as raised:
+        initialize("nohost", num_processes=2, process_id=1)
+    said = str(raised.value)
+    assert said.startswith("coordinator='nohost' is not HOST:PORT"), said
+    assert not FLAG.search(said)

@@ -142,3 +142,110 @@ def test_wrapped_stream_with_less_than_one_batch_fails_at_wrap_and_its_epoch():
     )
     with pytest.raises(ValueError, match=r"epoch 1 of .* its 3 rows are fewer than batch_size 8"):
         jaxfeed.mnist.train(shrinking, None, jaxfeed.mnist.TrainConfig(epochs=2), progress=False)
+
+
+# Issue 42, item 16: a wrong type is named, with what was expected and what came.
+
+_NUMBERS = {"x": np.zeros((16, 3), np.float32), "y": np.arange(16, dtype=np.int32)}
+
+
+def _step(state, batch):
+    return state, {"count": jax.numpy.sum(batch["mask"])}
+
+
+@pytest.mark.parametrize(
+    ("call", "name", "given"),
+    [
+        (
+            lambda: loaders.make("numpy", dataset=NOWHERE, drop_remainder="no"),
+            "drop_remainder",
+            "no",
+        ),
+        (
+            lambda: Sampler(num_examples=100, batch_size=10, drop_remainder="no"),
+            "drop_remainder",
+            "no",
+        ),
+        (lambda: loaders.wrap([_NUMBERS], drop_remainder="no"), "drop_remainder", "no"),
+        (lambda: jaxfeed.Logging(records="no"), "Logging.records", "no"),
+        (
+            lambda: jaxfeed.Checkpointing("ckpt", accept_changed_data="no"),
+            "Checkpointing.accept_changed_data",
+            "no",
+        ),
+    ],
+)
+def test_a_truthy_string_is_no_bool(call, name, given):
+    with pytest.raises(TypeError, match=rf"^{name} must be True or False, got '{given}' \(str\)$"):
+        call()
+
+
+def test_convert_and_fit_refuse_a_truthy_string_for_a_bool(tmp_path):
+    from jaxfeed.loaders.data.formats.convert import convert
+
+    with pytest.raises(TypeError, match=r"overwrite must be True or False, got 'no' \(str\)"):
+        convert("mnist-sample", tmp_path / "out", "npy", overwrite="no")
+    assert not (tmp_path / "out").exists()
+    source = loaders.make("numpy", dataset=_NUMBERS, batch_size=8)
+    with pytest.raises(TypeError, match=r"resume must be True or False, got 'no' \(str\)"):
+        jaxfeed.fit(_step, {}, source, epochs=1, resume="no")
+
+
+def test_device_feed_names_a_source_or_sharding_of_the_wrong_kind():
+    source = loaders.make("numpy", dataset=_NUMBERS, batch_size=8)
+    mesh = sharding.data_mesh()
+    not_a_source = (
+        r"^source must be a BatchSource \(from jaxfeed.make or jaxfeed.wrap\), got None "
+        r"\(NoneType\); wrap a loader first"
+    )
+    with pytest.raises(TypeError, match=not_a_source):
+        sharding.DeviceFeed(None, mesh)
+    not_a_mesh = (
+        r"^sharding must be a jax.sharding.Mesh, a NamedSharding or None \(all devices\), "
+        r"got 'mesh' \(str\)$"
+    )
+    with pytest.raises(TypeError, match=not_a_mesh):
+        sharding.DeviceFeed(source, "mesh")
+
+
+def test_fit_names_a_step_source_or_mesh_of_the_wrong_kind():
+    source = loaders.make("numpy", dataset=_NUMBERS, batch_size=8)
+    with pytest.raises(TypeError, match=r"^step must be a function step\(state, batch\) -> "):
+        jaxfeed.fit(None, {}, source, epochs=1)
+    with pytest.raises(TypeError, match=r"^train must be a BatchSource .*, got 'src' \(str\)"):
+        jaxfeed.fit(_step, {}, "src", epochs=1)
+    with pytest.raises(TypeError, match=r"^eval must be a BatchSource .*, got \[1\] \(list\)"):
+        jaxfeed.fit(_step, {}, source, epochs=1, eval=[1], eval_step=lambda s, b: {})
+    with pytest.raises(TypeError, match=r"^mesh must be a jax.sharding.Mesh.*got 'mesh' \(str\)"):
+        jaxfeed.fit(_step, {}, source, epochs=1, mesh="mesh")
+
+
+@pytest.mark.parametrize("rows", [[np.arange(3), np.arange(5)], np.array([[1, 2, 3], [4]], object)])
+def test_rows_of_different_lengths_are_named_not_numpys_sequence_error(rows):
+    data = {"input_ids": rows, "label": np.arange(2)}
+    match = (
+        r"^dataset 'arrays', field 'input_ids' has rows of different shapes \(row 0: \(3,\), "
+        r"row 1: \((5|1),\)\); every row of a field must have one shape: .*variable-length "
+        r"sequences are planned\)$"
+    )
+    with pytest.raises(ValueError, match=match):
+        loaders.make("numpy", dataset=data, batch_size=1)
+
+
+def test_a_tuple_batchs_default_names_say_how_to_name_them():
+    pairs = [(np.zeros((4, 3), np.int32), np.arange(4))]
+    assert sorted(loaders.wrap(pairs).element_spec) == ["image", "label", "mask"]  # documented
+    positions = (
+        r"\(the batches are tuples, whose parts are named by position: 'image' is part 0, "
+        r"'label' is part 1; name them with keys=, e.g. keys=\('input_ids', 'label'\)\)$"
+    )
+    missing = r"has no field 'input_ids', which pad_to= names; its fields are \['image', 'label'\] "
+    with pytest.raises(ValueError, match=missing + positions):
+        loaders.wrap(pairs, pad_to={"input_ids": 8})
+    ragged = [([[0, 1, 2], [3, 4]], np.arange(2))]  # token ids of two lengths
+    with pytest.raises(ValueError, match=r"field 'image' is object .*" + positions):
+        loaders.wrap(ragged)
+    named = loaders.wrap(pairs, keys=("input_ids", "label"), pad_to={"input_ids": 8})
+    assert named.element_spec["input_ids"].shape == (4, 8)
+    with pytest.raises(ValueError, match=r"its fields are \['input_ids', 'label'\]$"):
+        loaders.wrap(pairs, keys=("input_ids", "label"), pad_to={"ids": 8})

@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 from jaxfeed.loaders.array_dataset import ArrayDataset
 from jaxfeed.loaders.bytes_field import BytesField
+from jaxfeed.loaders.checks import check_bool
 
 __all__ = ["TARGETS", "convert"]
 
@@ -61,6 +62,7 @@ def convert(
         split at all; a destination that is, holds or lies inside the source,
         that holds files no conversion wrote, or another conversion without
         ``overwrite=True``.
+      TypeError: ``overwrite`` is not a bool.
     """
     from jaxfeed.loaders.data.catalog import SPLITS, load_dataset
     from jaxfeed.loaders.data.on_disk import MissingSplitError
@@ -71,6 +73,7 @@ def convert(
     if not whole or rows_per_shard < 1:
         raise ValueError(f"rows_per_shard={rows_per_shard!r}: expected a whole number >= 1")
     rows_per_shard = int(rows_per_shard)  # the manifest is JSON
+    overwrite = check_bool("overwrite", overwrite)
     destination = Path(destination).expanduser().absolute()
     key = {"source": _source_key(source), "to": to, "format": format, "rows": rows_per_shard}
     work, previous = _start(destination, key, overwrite)

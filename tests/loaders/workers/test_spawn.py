@@ -12,7 +12,12 @@ import threading
 
 import pytest
 from jaxfeed.loaders._workers import spawn
-from jaxfeed.loaders._workers.spawn import SPAWN, children_ignore_stop_signals, raise_if_dead
+from jaxfeed.loaders._workers.spawn import (
+    SPAWN,
+    children_ignore_stop_signals,
+    raise_if_dead,
+    reported_start,
+)
 
 
 @pytest.mark.parametrize(
@@ -29,6 +34,23 @@ def test_a_dead_worker_is_named_with_how_it_ended(target, args, how):
     worker.join()
     with pytest.raises(RuntimeError, match=re.escape(f"worker (pid {worker.pid}) {how} while")):
         raise_if_dead([worker], "DataLoader worker", "a smaller prefetch_factor")
+
+
+@pytest.mark.parametrize(
+    ("persistent", "again"),
+    [
+        (True, "(once: they serve every epoch)"),
+        # e.g. a DataLoader over an IterableDataset, built without persistent_workers
+        (False, "(again every epoch; persistent_workers=True starts them once)"),
+    ],
+)
+def test_a_spawned_start_paid_every_epoch_names_persistent_workers(capsys, persistent, again):
+    batches = (batch for batch in [1, 2])
+    context = multiprocessing.get_context("spawn")
+    assert list(reported_start(batches, "2 torch workers", context, persistent)) == [1, 2]
+    said = capsys.readouterr().err
+    assert re.fullmatch(r"jaxfeed: starting 2 torch workers \(spawn\): \d+\.\d s (.*)\n", said)
+    assert said.endswith(f" {again}\n"), said
 
 
 def _multiply_forever(started: threading.Event) -> None:
