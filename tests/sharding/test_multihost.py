@@ -281,6 +281,7 @@ def _training_job(
     name: str = "process",
     processes: int = 2,
     started: str = "epoch 1/1000",
+    **env: str,
 ) -> Iterator[tuple]:
     """A ``jaxfeed train --epochs 1000`` of ``processes`` processes (each in a session
     of its own), once process 0's log shows ``started`` (it is the one that prints
@@ -290,7 +291,7 @@ def _training_job(
     logs = [tmp_path / f"{name}{i}.log" for i in range(processes)]
     args = ("--epochs", "1000", "--batch-size", "32", *args)
     children = [
-        _start(_cli(coordinator, processes, i, *args), log, session=True)
+        _start(_cli(coordinator, processes, i, *args), log, session=True, **env)
         for i, log in enumerate(logs)
     ]
     try:
@@ -360,7 +361,13 @@ def test_a_lost_process_of_four_is_named_by_every_other(tmp_path, fault):
     shm = _shared_memory()
     job = ("--loader", "grain", "--loader-option", "num_workers=1", "--log-every", "1")
     with _training_job(
-        tmp_path, *job, "--peer-timeout", PEER_TIMEOUT, processes=4, started="  step 2  "
+        tmp_path,
+        *job,
+        "--peer-timeout",
+        PEER_TIMEOUT,
+        processes=4,
+        started="  step 2  ",
+        XLA_FLAGS="--xla_force_host_platform_device_count=2",
     ) as (_, children, logs):
         victim = children[3].pid
         sent = time.monotonic()
