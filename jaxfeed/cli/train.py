@@ -40,6 +40,8 @@ from jaxfeed.cli.train_data import (
 from jaxfeed.mnist.train import TrainConfig  # already imported with the jaxfeed package
 
 FLOAT_IMAGE_LEARNING_RATE = 0.01
+# How long a process that lost a peer waits to learn which one (see _lost_peer).
+_NAME_WAIT_S = 2.0
 
 
 def add_train(commands: argparse._SubParsersAction) -> None:
@@ -229,7 +231,7 @@ def _lost_peer(err: Exception) -> str | None:
     ("" when the pause watch has said it)."""
     import jax
 
-    from jaxfeed.sharding.job.distributed import paused_too_long
+    from jaxfeed.sharding.job.distributed import lost_processes, paused_too_long
 
     lost = isinstance(err, TimeoutError) or (
         isinstance(err, jax.errors.JaxRuntimeError) and "gloo" in str(err).lower()
@@ -239,9 +241,17 @@ def _lost_peer(err: Exception) -> str | None:
     if isinstance(err, TimeoutError):  # from check_agreement: it names the process
         return in_flags(str(err))
     if lost:
+        # Process 0 sees a killed process's roll-call connection close, and tells
+        # the others, about as soon as gloo fails here: wait that long for the name.
+        gone = lost_processes(wait_s=_NAME_WAIT_S)
+        who, it = "another process", "That process"
+        if gone:
+            names = ", ".join(f"{p} ({holder})" for p, holder in sorted(gone.items()))
+            who = f"process{'es' * (len(gone) > 1)} {names}"
+            it = "It" if len(gone) == 1 else "They"
         return (
-            f"process {jax.process_index()} lost its connection to another process during "
-            f"training ({one_line(str(err))}). That process stopped: killed, out of memory "
+            f"process {jax.process_index()} lost its connection to {who} during "
+            f"training ({one_line(str(err))}). {it} stopped: killed, out of memory "
             f"or crashed. See the other processes' logs, then restart every process"
         )
     return None
@@ -317,7 +327,7 @@ def run_train(args: argparse.Namespace) -> int:
     from jaxfeed.loaders.data.on_disk import MissingSplitError
     from jaxfeed.mnist.train import train
     from jaxfeed.sharding import announce_failure, check_agreement, data_mesh, initialize
-    from jaxfeed.sharding.job.distributed import exit_now
+    from jaxfeed.sharding.job.distributed import leave_job
     from jaxfeed.training.checkpoint import Checkpointing
     from jaxfeed.training.loop import run_settings
 
@@ -433,9 +443,7 @@ def run_train(args: argparse.Namespace) -> int:
         # A peer is gone: the job cannot shut down together, so leave now.
         if args.debug:
             traceback.print_exc()
-        if message:
-            print(f"jaxfeed: error: {message}", file=sys.stderr)
-        exit_now(2)
+        leave_job(message)
     if args.save_params is not None:
         _save_params(params, args.save_params)
     if args.json is not None:

@@ -69,9 +69,13 @@ class RaySource(SampledSource):
         cluster joined.
       ray_address: the cluster to join (else ``RAY_ADDRESS``, else a local
         instance started on first use and shut down at exit).
+      connect_timeout_s: how long that cluster has to answer, at the first
+        epoch with a transform (else ``$JAXFEED_RAY_CONNECT_TIMEOUT``, else 30);
+        then the epoch raises ``ConnectionError`` naming the address.
 
     Raises:
-      ValueError: ``num_workers`` is not an int >= 0.
+      ValueError: ``num_workers`` is not an int >= 0, or ``connect_timeout_s``
+        not a number of seconds > 0.
     """
 
     def __init__(
@@ -81,17 +85,23 @@ class RaySource(SampledSource):
         transform: RecordTransform | None = None,
         num_workers: int = 0,
         ray_address: str | None = None,
+        connect_timeout_s: float | None = None,
     ):
         super().__init__(dataset, sampler, transform=transform)
         self.num_workers = check_int("the ray option num_workers", num_workers, 0)
         self.ray_address = ray_address
+        if connect_timeout_s is not None:
+            connect_timeout_s = ray_instance.connect_timeout(connect_timeout_s)
+        self.connect_timeout_s = connect_timeout_s
         self.rows = ArrayRows(dataset.arrays)
         self._refs: tuple[Any, Any] | None = None  # (rows, transform) in the object store
         self._task: Any = None
 
     def _connect(self) -> Any:
         """Ray, connected; the rows and the transform put in its object store once."""
-        ray = ray_instance.connect(self.ray_address, self.num_workers or None)
+        ray = ray_instance.connect(
+            self.ray_address, self.num_workers or None, timeout_s=self.connect_timeout_s
+        )
         if self._refs is None:
             # Put, not passed with every task: one copy serves every task on a node.
             self._refs = (ray.put(self.rows), ray.put(self.transform))
@@ -150,7 +160,7 @@ def _result(ray: Any, indices: np.ndarray, ref: Any, epoch: int) -> Mapping[str,
         ) from err
 
 
-OPTIONS: tuple[str, ...] = ("num_workers", "ray_address")
+OPTIONS: tuple[str, ...] = ("num_workers", "ray_address", "connect_timeout_s")
 
 
 def build(dataset: ArrayDataset, sampler: Sampler, **options) -> RaySource:

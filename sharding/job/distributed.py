@@ -9,13 +9,20 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from typing import NoReturn
 
 import jax
 from jaxfeed.loaders._doors.jax import distributed_state
 from jaxfeed.loaders._workers.hard_exit import end_workers_and_batches
-from jaxfeed.sharding.job.roll_call import OnSilent, RollCall, claim_id, roll_call_port
+from jaxfeed.sharding.job.roll_call import (
+    OnSilent,
+    RollCall,
+    claim_id,
+    left_processes,
+    roll_call_port,
+    say_bye,
+)
 
 # Our own names first, then the ones JAX's launcher documentation uses.
 _ENV = {
@@ -33,6 +40,12 @@ _job_timeout_s: float | None = None
 # How often the pause watch wakes, and the longest time it saw this process not run.
 _PAUSE_TICK_S = 0.5
 _longest_pause_s = 0.0
+# Process 0's roll call, where the others hold their ids.
+_roll_call: RollCall | None = None
+# How long process 0, leaving a broken job, waits for the others to leave first.
+_STOP_WAIT_S = 10.0
+# Taken by the first thread that leaves the job: one line per process.
+_leaving = threading.Lock()
 
 
 def _from_env(name: str) -> str | None:
@@ -130,11 +143,41 @@ def exit_now(status: int) -> NoReturn:
     try:
         sys.stdout.flush()
         sys.stderr.flush()
+        # Leaving on purpose: the others are not to take this process for lost.
+        say_bye()
+        if _roll_call is not None:
+            _roll_call.bye()
         end_workers_and_batches()
     except BaseException:  # leaving anyway (torch's SIGCHLD handler may raise here)
         pass
     finally:
         os._exit(status)
+
+
+def lost_processes(wait_s: float = 0.0) -> dict[int, str]:
+    """The processes lost to this job, gone without a word (id -> "pid P on HOST"): as process 0's
+    roll call saw their connections close, or as it told this process; waits up
+    to ``wait_s`` for a first one."""
+    if _roll_call is not None:
+        return _roll_call.left(wait_s)
+    return left_processes(wait_s)
+
+
+def leave_job(message: str, lost: Collection[int] = ()) -> NoReturn:
+    """Prints ``jaxfeed: error: {message}`` (nothing for "") and ends this process
+    with status 2 through :func:`exit_now`.
+
+    Process 0 first tells the others, but the ``lost`` processes, to leave with
+    the same message, and waits (up to 10 s) until they have: its coordination
+    service goes with it, and JAX aborts a process that polls it then, with a
+    C++ stack in place of this message."""
+    if not _leaving.acquire(blocking=False):  # another thread is leaving: it says why
+        threading.Event().wait()
+    if message:
+        print(f"jaxfeed: error: {message}", file=sys.stderr, flush=True)
+    if _roll_call is not None and message:  # "": process 0 was paused; the others left
+        _roll_call.stop(message, lost, _STOP_WAIT_S)
+    exit_now(2)
 
 
 @contextlib.contextmanager
@@ -215,7 +258,7 @@ def initialize(
       >>> # on each of 2 hosts, with process_id 0 and 1:
       >>> sharding.initialize("10.0.0.1:1234", num_processes=2, process_id=0)
     """
-    global _job_timeout_s
+    global _job_timeout_s, _roll_call
     coordinator = coordinator or _from_env("coordinator")
     num_processes = num_processes if num_processes is not None else _from_env("num_processes")
     process_id = process_id if process_id is not None else _from_env("process_id")
@@ -246,7 +289,7 @@ def initialize(
     timeout = peer_timeout(timeout_s)
     if process_id == 0:
         _check_port_free(host, int(port))
-        RollCall(
+        _roll_call = RollCall(
             roll_call_port(int(port)),
             num_processes,
             silent_after_s=_silent_after(timeout),
@@ -267,6 +310,7 @@ def initialize(
                 time.monotonic() + timeout,
                 silent_after_s=_silent_after(timeout),
                 on_silent=_peer_silent(process_id, timeout),
+                on_stop=_stopped(timeout),
             )
         jax.distributed.initialize(
             coordinator_address=coordinator,
@@ -293,21 +337,36 @@ def _silent_after(timeout: float) -> float:
 
 
 def _peer_silent(me: int, timeout: float) -> OnSilent:
-    def report(process_id: int, holder: str, seconds: float) -> None:
+    def report(process_id: int, holder: str, seconds: float, closed: bool) -> None:
         if _longest_pause_s >= _silent_after(timeout):
             return  # this process itself was stopped: the pause watch says so
-        print(
-            f"jaxfeed: error: process {process_id} ({holder}) has not answered process "
-            f"{me} for {seconds:.0f} s: it is stopped (SIGSTOP or Ctrl-Z), hung, or its "
-            f"host is suspended or unreachable. The job cannot go on without it (JAX "
+        ago = f" {seconds:.0f} s ago" if seconds >= 1 else ""
+        why = (
+            f"is gone: its connection to process {me} closed{ago} without a goodbye, so "
+            f"it was killed, ran out of memory or crashed"
+            if closed
+            else f"has not answered process {me} for {seconds:.0f} s: it is stopped "
+            f"(SIGSTOP or Ctrl-Z), hung, or its host is suspended or unreachable"
+        )
+        leave_job(
+            f"process {process_id} ({holder}) {why}. The job cannot go on without it (JAX "
             f"would abort every process after the peer timeout of {timeout:g} s); check "
             f"that process, then restart every process (resuming from the last checkpoint)",
-            file=sys.stderr,
-            flush=True,
+            lost=[process_id],
         )
-        exit_now(2)
 
     return report
+
+
+def _stopped(timeout: float) -> Callable[[str], None]:
+    """What a process does when process 0 ends the job: says process 0's reason and leaves."""
+
+    def stop(message: str) -> None:
+        if _longest_pause_s >= _silent_after(timeout):
+            message = ""  # this process itself was stopped: the pause watch says so
+        leave_job(message)
+
+    return stop
 
 
 def _watch_pauses() -> None:

@@ -22,7 +22,8 @@ PACKAGES = ("loaders", "sharding", "jaxfeed")
 COMMAND_LINE = Path("jaxfeed", "cli")
 FLAG = re.compile(r"--[A-Za-z][\w-]*")
 # Flags of other programs, which a library message may rightly name.
-OTHER_PROGRAMS = {"--shm-size"}  # docker run's, for a container's small /dev/shm
+# docker run's, for a container's small /dev/shm; ray start's, for a cluster to join
+OTHER_PROGRAMS = {"--shm-size", "--head"}
 
 
 def _is_warn(node: ast.AST) -> bool:

@@ -6,6 +6,7 @@ timeout, so a regression fails, never hangs.
 """
 
 import contextlib
+import glob
 import hashlib
 import json
 import os
@@ -121,13 +122,14 @@ def test_multihost_epoch_and_training(processes, tmp_path):
 PEER_TIMEOUT, HARD_TIMEOUT = "10", 120
 
 
-def _start(args: list[str], log: Path, **env: str) -> subprocess.Popen:
+def _start(args: list[str], log: Path, session: bool = False, **env: str) -> subprocess.Popen:
     with log.open("w") as out:
         return subprocess.Popen(
             [sys.executable, *args],
             stdout=out,
             stderr=subprocess.STDOUT,
             env={**os.environ, "PYTHONPATH": str(REPO), "XLA_FLAGS": "", **env},
+            start_new_session=session,  # a session of its own: what it leaves can be found
         )
 
 
@@ -273,16 +275,31 @@ def test_a_peer_killed_during_the_agreement_is_named(tmp_path):
 
 
 @contextlib.contextmanager
-def _training_job(tmp_path: Path, *args: str, name: str = "process") -> Iterator[tuple]:
-    """A 2-process ``jaxfeed train --epochs 1000`` past its first epoch: (coordinator,
-    children, logs). Whatever is still running at the end is killed."""
+def _training_job(
+    tmp_path: Path,
+    *args: str,
+    name: str = "process",
+    processes: int = 2,
+    started: str = "epoch 1/1000",
+    **env: str,
+) -> Iterator[tuple]:
+    """A ``jaxfeed train --epochs 1000`` of ``processes`` processes (each in a session
+    of its own), once process 0's log shows ``started`` (it is the one that prints
+    progress lines) and every log the first epoch's start: (coordinator, children,
+    logs). Whatever is still running at the end is killed."""
     coordinator = f"127.0.0.1:{free_port()}"
-    logs = [tmp_path / f"{name}{i}.log" for i in range(2)]
+    logs = [tmp_path / f"{name}{i}.log" for i in range(processes)]
     args = ("--epochs", "1000", "--batch-size", "32", *args)
-    children = [_start(_cli(coordinator, 2, i, *args), log) for i, log in enumerate(logs)]
+    children = [
+        _start(_cli(coordinator, processes, i, *args), log, session=True, **env)
+        for i, log in enumerate(logs)
+    ]
     try:
         deadline = time.monotonic() + HARD_TIMEOUT
-        while not all("epoch 1/1000" in log.read_text() for log in logs):
+        while not (
+            started in logs[0].read_text()
+            and all("jaxfeed train:" in log.read_text() for log in logs)
+        ):
             assert time.monotonic() < deadline, "training did not start"
             assert all(c.poll() is None for c in children), [log.read_text() for log in logs]
             time.sleep(0.2)
@@ -308,11 +325,75 @@ def test_a_peer_killed_during_training_stops_the_job(tmp_path, killed):
         results = _finish(children, logs)
     status, output = results[1 - killed]
     assert status == 2, output
-    assert (
-        f"jaxfeed: error: process {1 - killed} lost its connection to another process during "
-        "training" in output
+    # Named at the failed collective, or when the roll call's connection closed.
+    victim = rf"process {killed} \(pid {children[killed].pid} on .+\)"
+    assert re.search(
+        rf"jaxfeed: error: (process {1 - killed} lost its connection to {victim} during "
+        rf"training|{victim} is gone: its connection to process {1 - killed} closed)",
+        output,
     ), output
     assert not [pid for pid in workers if process_alive(pid)], "workers outlived the survivor"
+
+
+def _in_sessions(sessions: set[int]) -> list[int]:
+    """The processes still running in any of ``sessions``."""
+    found = []
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        with contextlib.suppress(OSError):  # gone meanwhile
+            if os.getsid(int(entry)) in sessions:
+                found.append(int(entry))
+    return found
+
+
+def _shared_memory() -> set[str]:
+    """jaxfeed's batch directories and its workers' segments in /dev/shm (each
+    process's segment lock stays until the next run's sweep, as after any run)."""
+    return {*glob.glob("/dev/shm/jaxfeed-batches-*"), *glob.glob("/dev/shm/psm_jaxfeed-*")}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fault", [signal.SIGKILL, signal.SIGSTOP], ids=lambda s: s.name)
+def test_a_lost_process_of_four_is_named_by_every_other(tmp_path, fault):
+    # With 4 processes, process 0 left as soon as it found process 3 gone, and its
+    # coordination service with it: JAX aborted processes 1 and 2 (a C++ "Check
+    # failure stack trace", PollForError "Socket closed"), or, with nothing in
+    # flight to fail, aborted all three when process 3's heartbeats stopped.
+    shm = _shared_memory()
+    job = ("--loader", "grain", "--loader-option", "num_workers=1", "--log-every", "1")
+    with _training_job(
+        tmp_path,
+        *job,
+        "--peer-timeout",
+        PEER_TIMEOUT,
+        processes=4,
+        started="  step 2  ",
+        XLA_FLAGS="--xla_force_host_platform_device_count=2",
+    ) as (_, children, logs):
+        victim = children[3].pid
+        sent = time.monotonic()
+        children[3].send_signal(fault)
+        results = _finish(children[:3], logs[:3])
+        took = time.monotonic() - sent
+        children[3].kill()  # a stopped one cannot wake now
+        children[3].wait()
+    print(f"the others left {took:.1f} s after {fault.name}")  # with -rP
+    named = (
+        rf"process 3 \(pid {victim} on .+\) has not answered process 0 for \d+ s: it is stopped"
+        if fault == signal.SIGSTOP
+        else rf"(process 3 \(pid {victim} on .+\) is gone: its connection to process 0 closed"
+        rf"|process \d lost its connection to process 3 \(pid {victim} on .+\) during training)"
+    )
+    for status, output in results:
+        assert status == 2, output
+        assert output.count("jaxfeed: error:") == 1, output
+        assert re.search("jaxfeed: error: " + named, output), output
+        assert "Terminating process" not in output and "Check failure" not in output, output
+    sessions = {child.pid for child in children}
+    deadline = time.monotonic() + 30  # the victim's worker sees its parent gone
+    while _in_sessions(sessions):
+        assert time.monotonic() < deadline, _in_sessions(sessions)
+        time.sleep(0.1)
+    assert _shared_memory() <= shm
 
 
 def _children(pid: int) -> set[int]:

@@ -9,7 +9,9 @@ import functools
 import hashlib
 import json
 import os
+import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -205,6 +207,76 @@ def test_without_a_transform_the_rows_are_gathered_here_not_in_ray_tasks():
     )
     assert done.returncode == 0, done.stderr[-4000:]
     assert done.stdout.splitlines()[-1] == "ray untouched"
+
+
+_NO_CLUSTER = """
+import json, os, sys, time
+import numpy as np
+from jaxfeed import loaders
+
+def same(record, rng):
+    return record
+
+data = {"image": np.zeros((64, 4), np.uint8), "label": np.arange(64)}
+for case in json.loads(sys.argv[1]):
+    os.environ.update(case.pop("env"))
+    source = loaders.make("ray", dataset=data, batch_size=32, transform=same, **case)
+    began = time.monotonic()
+    try:
+        next(iter(source.iter_epoch(0)))
+        said = "connected"
+    except ConnectionError as err:
+        said = str(err)
+    print(json.dumps({"error": said, "seconds": time.monotonic() - began}), flush=True)
+"""
+
+
+def test_an_address_where_no_ray_answers_fails_in_bounded_time():
+    # Ray waited for a cluster there without end, printing reconnection warnings.
+    # A port where nothing listens, and a server that accepts and says nothing.
+    with socket.create_server(("127.0.0.1", 0)) as silent:  # never accepts: the kernel does
+        nothing = free_port()
+        cases = [
+            {"env": {"RAY_ADDRESS": f"127.0.0.1:{nothing}", "JAXFEED_RAY_CONNECT_TIMEOUT": "3"}},
+            {
+                "env": {"RAY_ADDRESS": ""},
+                "ray_address": f"127.0.0.1:{silent.getsockname()[1]}",
+                "connect_timeout_s": 3,
+            },
+            {"env": {"RAY_ADDRESS": f"ray://127.0.0.1:{nothing}"}},
+        ]
+        done = subprocess.run(
+            [sys.executable, "-c", _NO_CLUSTER, json.dumps(cases)],
+            capture_output=True,
+            text=True,
+            timeout=60,  # Ray's own wait has no end
+        )
+    assert done.returncode == 0, done.stderr[-4000:]
+    closed, mute, client = (json.loads(line) for line in done.stdout.splitlines())
+    start = r"Start one there \(`ray start --head` on that host\), or "
+    assert re.fullmatch(
+        rf"no Ray cluster at '127\.0\.0\.1:{nothing}' \(from the RAY_ADDRESS environment "
+        rf"variable\): nothing answers there \(Connection refused\)\. {start}unset RAY_ADDRESS "
+        r"to start a local instance here \(connect_timeout_s= or \$JAXFEED_RAY_CONNECT_TIMEOUT "
+        r"sets how long a cluster has to answer\)",
+        closed["error"],
+    ), closed
+    assert re.match(
+        rf"no Ray cluster at '127\.0\.0\.1:\d+' \(from ray_address\): something listens there, "
+        rf"but it did not answer as Ray does \(gRPC\) within 3 s\. {start}pass no ray_address",
+        mute["error"],
+    ), mute
+    assert 3 <= mute["seconds"] < 15, mute
+    client_error = rf"no Ray cluster at 'ray://127\.0\.0\.1:{nothing}' .*: nothing answers there"
+    assert re.match(client_error, client["error"]), client
+    assert closed["seconds"] < 10 and client["seconds"] < 10, (closed, client)
+
+
+def test_a_connect_timeout_must_be_seconds():
+    data = {"image": np.zeros((64, 4), np.uint8), "label": np.arange(64)}
+    for bad in (0, -1, float("inf"), "soon"):
+        with pytest.raises(ValueError, match=rf"got connect_timeout_s={bad!r}"):
+            loaders.make("ray", dataset=data, batch_size=32, connect_timeout_s=bad)
 
 
 WORKER = Path(__file__).resolve().parents[2] / "multihost_worker.py"
