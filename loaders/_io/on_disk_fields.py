@@ -1,6 +1,7 @@
 """The fields a source reads, as the disk holds them: how the kernel should
 read their mapped pages, their coming rows read ahead, and a check that their
-files still hold all their rows (`OnDiskFields`).
+files still hold all their rows (`OnDiskFields`); and a check that a dataset's
+files are still the ones a source was made from (`file_identities`).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import numpy as np
 from jaxfeed.loaders._io.disk_read_ahead import DiskReadAhead, MappedRows, mapped_rows
 from jaxfeed.loaders._io.mapped_files import FileRows, advise, file_rows
 
-__all__ = ["OnDiskFields"]
+__all__ = ["FileIdentity", "OnDiskFields", "check_unchanged", "file_identities"]
 
 
 class OnDiskFields(NamedTuple):
@@ -91,6 +92,63 @@ class OnDiskFields(NamedTuple):
         if layouts is None:
             layouts = mapped_rows([f for f in self.fields.values() if isinstance(f, np.ndarray)])
         return DiskReadAhead(layouts, plan, populate=populate)
+
+
+class FileIdentity(NamedTuple):
+    """What any rewrite or replacement of a file changes, read with one ``stat``."""
+
+    size: int
+    mtime_ns: int
+    inode: int
+    device: int
+
+
+def _identity(path: str) -> FileIdentity | None:
+    """``path``'s identity now, or None when it was deleted (its pages stay
+    readable while mapped)."""
+    try:
+        status = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return FileIdentity(status.st_size, status.st_mtime_ns, status.st_ino, status.st_dev)
+
+
+def file_identities(
+    fields: Mapping[str, Sequence[np.ndarray]],
+) -> dict[str, tuple[str, FileIdentity]]:
+    """Each file the arrays of ``fields`` (field name -> its arrays) are
+    memory-mapped from, as it is now: path -> (a field read from it, its
+    identity). Arrays held in memory have no file: they are left out."""
+    files = {}
+    for name, arrays in fields.items():
+        for array in arrays:
+            rows = file_rows(array)
+            identity = None if rows is None or rows.path in files else _identity(rows.path)
+            if identity is not None:
+                files[rows.path] = (name, identity)
+    return files
+
+
+def check_unchanged(dataset: str, files: Mapping[str, tuple[str, FileIdentity]]) -> None:
+    """Each of a dataset's ``files`` (from `file_identities`) is as it was: a
+    file rewritten in place or replaced under a live source would be read
+    new by the backends that map it and old by those that read a copy (hf's
+    Arrow file, a TFDS store), silently. One ``stat`` a file.
+
+    Raises:
+      ValueError: naming the dataset, the field and the file that changed.
+    """
+    for path, (name, was) in files.items():
+        now = _identity(path)
+        if now is not None and now != was:
+            changed = ", ".join(f for f, a, b in zip(was._fields, was, now, strict=True) if a != b)
+            raise ValueError(
+                f"dataset {dataset!r}, field {name!r}: {path} changed after the source was "
+                f"made ({changed} differ): some backends would read its new rows and others "
+                "keep the old ones (a converted copy), so it is refused rather than read; make "
+                "the source again to read the new data, and write new data to a new file, "
+                "not over one a run reads"
+            )
 
 
 def _bigger_than_half_of_memory(nbytes: int) -> bool:

@@ -316,6 +316,7 @@ class GrainSource(SampledSource):
     def iter_epoch(self, epoch: int = 0, *, start: int = 0) -> Iterator[Batch]:
         if self._workers is None:
             return super().iter_epoch(epoch, start=start)
+        self._checked_disk()  # now, as `SampledSource.iter_epoch` checks
         return self._iter_workers(epoch, start)
 
     def close(self) -> None:

@@ -11,7 +11,7 @@ import itertools
 from collections.abc import Iterator, Mapping, Sequence
 
 import numpy as np
-from jaxfeed.loaders._io.on_disk_fields import OnDiskFields
+from jaxfeed.loaders._io.on_disk_fields import OnDiskFields, check_unchanged, file_identities
 from jaxfeed.loaders._workers.record_pool import RecordPool, RowReader
 from jaxfeed.loaders.array_dataset import ArrayDataset
 from jaxfeed.loaders.bytes_field import BytesField
@@ -79,6 +79,11 @@ class SampledSource(abc.ABC):
         self.order = order
         self.transform = transform
         self._pool: RecordPool | None = None  # worker processes reading in its place
+        # The dataset's files as the source was made from them: checked at every
+        # epoch's start (a `deferred` dataset's head is in memory: nothing to check).
+        self._files = file_identities(
+            {k: v.content() if isinstance(v, BytesField) else (v,) for k, v in dataset.head.items()}
+        )
         # Each field's row shape and dtype in the batches: the transform's output, or the data.
         self._rows = (
             {key: (a.shape[1:], a.dtype) for key, a in dataset.head.items()}
@@ -115,11 +120,22 @@ class SampledSource(abc.ABC):
     def iter_epoch(self, epoch: int = 0, *, start: int = 0) -> Iterator[Batch]:
         # Checked now, not at the first batch, and the same way in both orders.
         epoch, start = self.sampler.check_position(epoch, start)
-        disk = self._on_disk()
-        disk.check_whole()
+        disk = self._checked_disk()
         if self.order == "native":
             return self._iter_native(epoch, start, disk)
         return self._iter_sampler(epoch, start, disk)
+
+    def _checked_disk(self) -> OnDiskFields:
+        """The arrays this source reads (`_on_disk`), their files checked: still
+        whole, and still the files the source was made from.
+
+        Raises:
+          ValueError: a file cut short, rewritten or replaced, named.
+        """
+        disk = self._on_disk()
+        disk.check_whole()
+        check_unchanged(self.dataset.name, self._files)
+        return disk
 
     def _iter_sampler(self, epoch: int, start: int, disk: OnDiskFields) -> Iterator[Batch]:
         plan = list(self.sampler.epoch_plan(epoch, start))

@@ -181,11 +181,13 @@ class GrainCursor(IterCursor):
 
     per_batch = True
 
-    def begin(self, pass_: int, state: Any, in_pass: int) -> None:
+    def begin(self, pass_: int, state: Any, in_pass: int) -> int:
         self._close()
         self._batches = iter(self._make(pass_))
-        if state is not None:
-            self._batches.set_state(state)
+        if state is None:
+            return 0
+        self._batches.set_state(state)
+        return in_pass
 
     def next(self) -> Any:
         # Workers (mp_prefetch, a loader's) hand batches over in shared memory.

@@ -115,11 +115,12 @@ class HfCursor(IterCursor):
         self.per_batch = exact
         self._dtypes = _declared_dtypes(dataset.features)
 
-    def begin(self, pass_: int, state: Any, in_pass: int) -> None:
+    def begin(self, pass_: int, state: Any, in_pass: int) -> int:
         self._close()
         self._dataset.set_epoch(pass_)  # first: a state loads only into its own epoch
         self._dataset.load_state_dict(state)  # None: the pass's start
         self._batches = self._dataset.iter(self._batch_size, drop_last_batch=self._drop)
+        return 0 if state is None else in_pass
 
     def next(self) -> Any:
         batch = next(self._batches)

@@ -8,6 +8,7 @@ checks ``wrap``'s ``host_fields=`` / ``pad_to=`` before any batch is read.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -30,6 +31,32 @@ def map_leaves(fn: Callable[..., Any], tree: Any, *rest: Any) -> Any:
         parts = [map_leaves(fn, *branch) for branch in zip(tree, *rest, strict=True)]
         return type(tree)(*parts) if hasattr(tree, "_fields") else type(tree)(parts)
     return fn(tree, *rest)
+
+
+DIGEST_VALUES = 4096  # values of each leaf a digest reads, spread over it
+
+
+def digest(raw: Any) -> str:
+    """A short digest of a raw batch: its leaves' dtypes and shapes and up to
+    `DIGEST_VALUES` values of each, spread evenly over it (all of a small
+    leaf), so it costs microseconds for any batch size. Another batch (other
+    rows, other random draws) almost surely has another digest."""
+    hasher = hashlib.blake2b(digest_size=8)
+
+    def add(leaf: Any) -> None:
+        try:
+            array = to_numpy(leaf)
+        except (TypeError, ValueError):
+            hasher.update(repr(leaf).encode())
+            return
+        hasher.update(f"{array.dtype.str}{array.shape}".encode())
+        flat = array.reshape(-1)
+        values = flat[:: max(1, flat.size // DIGEST_VALUES)]
+        objects = values.dtype.hasobject  # (their bytes would be addresses)
+        hasher.update(repr(values.tolist()).encode() if objects else values.tobytes())
+
+    map_leaves(add, raw)
+    return hasher.hexdigest()
 
 
 def flatten(raw: Any, keys: tuple[str, ...] | None) -> Batch:

@@ -14,6 +14,12 @@ into it). A position is reached again from the nearest note before it, by
 reading the batches in between again. `DeviceFeed` reads ahead, so the
 position a checkpoint asks for is behind the cursor: the last `RING`
 batches and `EPOCH_STARTS` epoch starts are kept.
+
+Reading again reaches the same batches only if the stream replays its order.
+So a position's state holds a digest of the batch before it
+(`raw_batches.digest`), and a resume that read batches again to get there
+compares the last one's: a stream that shuffles from the clock is refused,
+not resumed into other batches.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ import threading
 from collections.abc import Iterator
 from typing import Any, Protocol
 
+from jaxfeed.loaders.wrapping.raw_batches import digest
 from jaxfeed.loaders.wrapping.state_json import decode, encode
 
 RING = 1024  # per-batch states kept: several DeviceFeed read-aheads of k-step transfers
@@ -51,9 +58,12 @@ class Cursor(Protocol):
     refusal: str | None
     keep_state: bool
 
-    def begin(self, pass_: int, state: Any, in_pass: int) -> None:
+    def begin(self, pass_: int, state: Any, in_pass: int) -> int:
         """Stands at the start of pass ``pass_`` (``state`` None), or where
-        ``state()`` was taken, batch ``in_pass`` of that pass."""
+        ``state()`` was taken, batch ``in_pass`` of that pass; returns the
+        batch of the pass it stands at: ``in_pass``, or an earlier one (0 for
+        no state; a state that holds only where the pass began) from which
+        the stream reads the batches up to ``in_pass`` again, and checks them."""
 
     def next(self) -> Any:
         """The pass's next raw batch; StopIteration at its end."""
@@ -102,6 +112,10 @@ class Stream:
         self._ended = False  # the pass of epoch `_at.epoch` has ended (epochs are passes)
         self._ring: collections.OrderedDict[tuple[int, int], Note] = collections.OrderedDict()
         self._anchors: collections.OrderedDict[int, Note] = collections.OrderedDict()
+        # Digests of the batches before the last RING positions read (see `state`).
+        self._digests: collections.OrderedDict[tuple[int, int], str] = collections.OrderedDict()
+        self._expected: tuple[int, int, str] | None = None  # a restored state's digest
+        self._replayed: str | None = None  # the digest of the last batch a seek read again
 
     def __call__(self, epoch: int, start: int, keep_state: bool = True) -> Iterator[Any]:
         """The raw batches from ``(epoch, start)``; ``keep_state=False``: no
@@ -212,12 +226,12 @@ class Stream:
     def _seek(self, epoch: int, start: int) -> None:
         """Puts the cursor at ``(epoch, start)``, reading on from the nearest note."""
         note = self._route(epoch, start)
+        self._replayed = None
         if note is not None:
             self._fresh = False
             state = decode(note.state)
-            self._cursor.begin(note.pass_, state, note.in_pass if state is not None else 0)
-            if state is None:  # at the pass's start: read up to the note again
-                self._skip_in_pass(note.pass_, note.in_pass)
+            at = self._cursor.begin(note.pass_, state, note.in_pass)
+            self._skip_in_pass(note.pass_, at, note.in_pass)  # (from an earlier batch)
             self._at, self._ended = dataclasses.replace(note, state=None), False
             if note.next_batch == 0 and (note.state or self._cursor.restartable):
                 self._keep_anchor(note)  # an epoch's start: the note comes back to it
@@ -230,6 +244,32 @@ class Stream:
                 self._step()
             else:
                 self._ran_out(epoch, start)
+        self._check_replay(epoch, start)
+
+    def _check_replay(self, epoch: int, start: int) -> None:
+        """After a restore, the batch read again just before ``(epoch, start)``
+        is the one the state's run read there (when the state says which).
+
+        Raises:
+          ValueError: another batch: the stream does not replay its order.
+        """
+        expected, self._expected = self._expected, None
+        if expected is None or self._replayed is None or expected[:2] != (epoch, start):
+            return
+        if self._replayed != expected[2]:
+            raise ValueError(
+                self._refused(
+                    epoch,
+                    start,
+                    f"read again up to there, its batch {start - 1} is another (digest "
+                    f"{self._replayed}) than the run the data state was taken from read "
+                    f"(digest {expected[2]}): the stream does not replay the same order, as "
+                    f"one that shuffles from an unseeded random source (the clock, e.g. "
+                    f"WebDataset's .shuffle(1000) without a seed). Seed it (e.g. "
+                    f"random.Random(seed + epoch) in __iter__, or the shuffle's own seed or "
+                    f"rng), so that reading it again gives the same batches",
+                )
+            )
 
     def _ran_out(self, epoch: int, start: int) -> None:
         raise ValueError(
@@ -237,10 +277,14 @@ class Stream:
             f"yields fewer batches than when that position was reached"
         )
 
-    def _skip_in_pass(self, pass_: int, count: int) -> None:
-        for _ in range(count):
+    def _skip_in_pass(self, pass_: int, at: int, count: int) -> None:
+        """Reads batches ``[at, count)`` of pass ``pass_`` again, keeping the
+        last one's digest for `_check_replay`."""
+        for index in range(at, count):
             try:
-                self._cursor.next()
+                batch = self._cursor.next()
+                if index == count - 1 and self._expected is not None:
+                    self._replayed = digest(batch)
             except StopIteration:
                 raise ValueError(
                     f"the wrapped {self.kind}'s pass {pass_} ended before batch {count}; "
@@ -308,6 +352,11 @@ class Stream:
                 at = Note(at.epoch, at.next_batch, at.pass_ + 1, 0)
                 self._cursor.begin(at.pass_, None, 0)
         self._at = Note(at.epoch, at.next_batch + 1, at.pass_, at.in_pass + 1)
+        if self._cursor.keep_state or self._expected is not None:
+            self._replayed = digest(batch)
+            self._digests[self._at.position] = self._replayed
+            if len(self._digests) > RING:
+                self._digests.popitem(last=False)
         if self._per_batch:
             try:
                 state = encode(self._cursor.state(), self.kind)
@@ -345,11 +394,17 @@ class Stream:
             fresh = note.state is None and note.in_pass == 0 and self._cursor.restartable
             if refusal is not None and not (fresh and note.position == (epoch, next_batch)):
                 raise ValueError(self._refused(epoch, next_batch, refusal))
-            return {
+            out = {
                 "target": [epoch, next_batch],
                 "note": [note.epoch, note.next_batch, note.pass_, note.in_pass],
                 "state": note.state,
             }
+            before = (epoch, next_batch)
+            if next_batch == 0 and self._steps is not None:  # read last: epoch - 1's end
+                before = (epoch - 1, self._steps)
+            if (digest_ := self._digests.get(before)) is not None:
+                out["digest"] = digest_  # of the batch before the position
+            return out
 
     def _here_is(self, epoch: int, next_batch: int) -> bool:
         """Whether the cursor stands exactly at ``(epoch, next_batch)``."""
@@ -370,6 +425,9 @@ class Stream:
         try:
             epoch, next_batch = (int(v) for v in state["target"])
             note = Note(*(int(v) for v in state["note"]), state=state["state"])
+            expected = state.get("digest")  # (none in a state taken before digests)
+            if expected is not None and not isinstance(expected, str):
+                raise TypeError(f"digest {expected!r} is not a str")
         except (KeyError, TypeError, ValueError) as error:
             raise ValueError(
                 f"not a data state of a wrapped stream ({error!r}); pass what data_state() "
@@ -383,5 +441,9 @@ class Stream:
             self._at, self._ended = None, False
             self._ring.clear()
             self._anchors.clear()
+            self._digests.clear()
             self._keep_anchor(note)
+            self._expected = None if expected is None else (epoch, next_batch, expected)
+            if expected is not None:
+                self._digests[epoch, next_batch] = expected
         return epoch, next_batch

@@ -106,9 +106,10 @@ class IterCursor:
         self._make, self.refusal = make, refusal
         self._batches: Iterator[Any] | None = None
 
-    def begin(self, pass_: int, state: Any, in_pass: int) -> None:
+    def begin(self, pass_: int, state: Any, in_pass: int) -> int:
         self._close()
         self._batches = self._make(pass_)
+        return 0  # (no state: the stream reads the pass again up to in_pass)
 
     def next(self) -> Any:
         return next(self._batches)

@@ -185,18 +185,17 @@ class TfCursor:
             )
         return self._cannot
 
-    def begin(self, pass_: int, state: Any, in_pass: int) -> None:
+    def begin(self, pass_: int, state: Any, in_pass: int) -> int:
         self._iterator = None  # its buffers are let go before the next ones fill
         self._iterator = self._dataset.as_numpy_iterator()
         self._served = 0
         if state is None:
             self._start = None if self._endless else self._checkpoint()
-            return
+            return 0
         self._restore(state["files"])
         self._served = state["at"]
         self._start = None if self._endless else state["files"]
-        for _ in range(in_pass - state["at"]):  # read again up to the position
-            self.next()
+        return state["at"]  # the stream reads on up to in_pass again
 
     def next(self) -> Any:
         if self._pad_to is not None and self._served >= self._pad_to:

@@ -250,6 +250,11 @@ class TorchCursor(IterCursor):
     state: their states at the pass's start are part of the cursor's, and
     restored with it. So a pass is not restartable from nothing.
 
+    An ``IterableDataset`` with no state of its own (not torchdata's
+    ``Stateful``) is resumed by reading its pass again up to the position,
+    as torchdata would, but by the stream, which checks the batches it reads
+    again (`jaxfeed.loaders.wrapping.stream_state`).
+
     Args:
       loader: the ``StatefulDataLoader``, or the user's loader without torchdata.
       setters: the ``set_epoch`` methods of its sampler, dataset, ...
@@ -262,6 +267,7 @@ class TorchCursor(IterCursor):
         super().__init__()
         self._loader, self._setters, self._generators = loader, setters, generators
         self.per_batch = hasattr(loader, "state_dict")
+        self._read_again = self.per_batch and _keeps_no_state(loader.dataset)
         if not self.per_batch:
             self.refusal = (
                 "torchdata is not installed, and without its StatefulDataLoader a torch "
@@ -271,7 +277,7 @@ class TorchCursor(IterCursor):
         self._state: Any = None  # the loader's, after the last batch
         self._reported = False  # the workers' first start
 
-    def begin(self, pass_: int, state: Any, in_pass: int) -> None:
+    def begin(self, pass_: int, state: Any, in_pass: int) -> int:
         import torch
 
         began = time.perf_counter()  # (torchdata's state_dict() below may start the workers)
@@ -293,8 +299,9 @@ class TorchCursor(IterCursor):
             base64.b64encode(g.get_state().numpy().tobytes()).decode("ascii")
             for g in self._generators
         ]
-        self._state = None if state is None else state["loader"]
-        if self._state is not None:
+        self._state = None if state is None or self._read_again else state["loader"]
+        loaded = self._state is not None
+        if loaded:
             self._loader.load_state_dict(self._state)
         elif self.per_batch:
             # The pass's start is a state too: a dataset that is its own iterator,
@@ -309,6 +316,7 @@ class TorchCursor(IterCursor):
             what, context = f"{loader.num_workers} torch workers", loader.multiprocessing_context
             persistent = loader.persistent_workers
             self._batches = reported_start(self._batches, what, context, persistent, began)
+        return in_pass if loaded else 0  # else the stream reads up to in_pass again
 
     def next(self) -> Any:
         if not self.per_batch:
@@ -318,6 +326,14 @@ class TorchCursor(IterCursor):
 
     def state(self) -> Any:
         return {"loader": self._state, "generators": self._start}
+
+
+def _keeps_no_state(dataset: Any) -> bool:
+    """Whether ``dataset`` is an ``IterableDataset`` without a state of its
+    own (torchdata's ``Stateful``), which torchdata resumes by reading it again."""
+    from torchdata.stateful_dataloader import Stateful
+
+    return "IterableDataset" in class_names(dataset) and not isinstance(dataset, Stateful)
 
 
 def _generators(*owners: Any) -> list[Any]:

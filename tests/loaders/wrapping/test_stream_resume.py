@@ -446,3 +446,56 @@ def test_a_torch_dataset_drawing_random_numbers_resumes_with_the_same_draws():
     resumed.restore_data_state(state)
     assert [b["x"].tolist() for b in resumed.iter_epoch(1, start=2)] == want[2:]
     assert [b["x"].tolist() for b in resumed.iter_epoch(2)] != want  # a new draw each epoch
+
+
+def _shuffled_rows(seed):
+    """A torch IterableDataset that shuffles its rows with numpy: from the
+    clock without ``seed`` (as WebDataset's ``.shuffle(1000)`` does)."""
+    import torch
+
+    class Shuffled(torch.utils.data.IterableDataset):
+        def __iter__(self):
+            for i in np.random.default_rng(seed).permutation(200):
+                yield {"label": torch.tensor(i)}
+
+    return torch.utils.data.DataLoader(Shuffled(), batch_size=10)
+
+
+_NO_REPLAY = (
+    r"the wrapped torch DataLoader cannot restart at batch 7 of epoch 0: read again up to "
+    r"there, its batch 6 is another \(digest \w+\) than the run the data state was taken "
+    r"from read \(digest \w+\): the stream does not replay the same order.* Seed it"
+)
+
+
+@pytest.mark.parametrize("seed", [None, 3])
+def test_a_torch_stream_that_does_not_replay_its_order_is_refused_on_resume(seed):
+    # issue 42: 0 of 13 batches after the position matched, silently.
+    first = loaders.wrap(_shuffled_rows(seed))
+    want = [b["label"].tolist() for b in first.iter_epoch(0)]
+    state = json.loads(json.dumps(first.data_state(0, 7)))
+    resumed = loaders.wrap(_shuffled_rows(seed))
+    resumed.restore_data_state(state)
+    if seed is None:
+        with pytest.raises(ValueError, match=_NO_REPLAY):
+            next(iter(resumed.iter_epoch(0, start=7)))
+        return
+    assert [b["label"].tolist() for b in resumed.iter_epoch(0, start=7)] == want[7:]
+    del state["stream"]["digest"]  # a state taken before digests: restored unchecked
+    old = loaders.wrap(_shuffled_rows(seed))
+    old.restore_data_state(state)
+    assert [b["label"].tolist() for b in old.iter_epoch(0, start=7)] == want[7:]
+
+
+def test_a_replayed_callable_that_does_not_repeat_is_refused_on_resume():
+    # The same check for every stream reached by reading again (resume="replay").
+    def fresh():
+        return iter([{"label": np.random.default_rng().permutation(4)} for _ in range(5)])
+
+    first = loaders.wrap(fresh, resume="replay")
+    list(first.iter_epoch(0))
+    state = json.loads(json.dumps(first.data_state(0, 3)))
+    resumed = loaders.wrap(fresh, resume="replay")
+    resumed.restore_data_state(state)
+    with pytest.raises(ValueError, match=r"callable returning batches cannot restart at batch 3"):
+        next(iter(resumed.iter_epoch(0, start=3)))
