@@ -121,10 +121,8 @@ def file_identities(
     identity). Arrays held in memory have no file: they are left out."""
     files = {}
     for name, arrays in fields.items():
-        for array in arrays:
-            rows = file_rows(array)
-            identity = None if rows is None or rows.path in files else _identity(rows.path)
-            if identity is not None:
+        for rows in filter(None, map(file_rows, arrays)):
+            if rows.path not in files and (identity := _identity(rows.path)) is not None:
                 files[rows.path] = (name, identity)
     return files
 
