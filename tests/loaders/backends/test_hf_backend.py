@@ -170,7 +170,7 @@ def test_copies_of_a_regenerated_dataset_are_pruned_unless_read(tmp_path, monkey
     assert len(first) == 1 and first[0] in copies() and len(copies()) == 2, copies()
     # Its files were rewritten under it: its next epoch is refused by name, as on
     # every backend, not served from the old copy (the backends would disagree).
-    with pytest.raises(ValueError, match="label.npy changed after the source was made"):
+    with pytest.raises(ValueError, match=r"label\.npy changed after the source was made"):
         next(iter(reading.iter_epoch(0)))
     del reading
     gc.collect()
