@@ -11,6 +11,8 @@ internal (docs/architecture.md says which room is which):
 - `checks`: the checks of user input shared by backends, `wrap` and the sampler.
 - `array_dataset`: `ArrayDataset`, named arrays with one row axis.
 - `bytes_field`: `BytesField`, encoded bytes per row.
+- `ragged_field`: `RaggedField`, rows of numbers of different lengths.
+- `sequence_plan`: `Pad`, `Bucket`, `Pack`: static batches of such rows.
 - `host_fields`: fields carried with each batch as host numpy.
 - `transform`: the per-record transform contract.
 - `row_generators`: each row's ``default_rng((seed, epoch, row))``.
@@ -36,7 +38,9 @@ from jaxfeed.loaders.protocol import (
     Resumable,
     SkipsDataState,
 )
+from jaxfeed.loaders.ragged_field import RaggedField
 from jaxfeed.loaders.sampler import Sampler
+from jaxfeed.loaders.sequence_plan import Bucket, Pack, Pad
 from jaxfeed.loaders.transform import TransformError
 from jaxfeed.loaders.wrapping.wrapped_source import wrap
 
@@ -46,11 +50,15 @@ __all__ = [
     "BACKENDS",
     "Batch",
     "BatchSource",
+    "Bucket",
     "BytesField",
     "DATASETS",
     "HostFields",
     "MASK_KEY",
+    "Pack",
+    "Pad",
     "ProcessSlice",
+    "RaggedField",
     "Resumable",
     "Sampler",
     "SkipsDataState",

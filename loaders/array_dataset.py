@@ -13,6 +13,7 @@ import numpy as np
 from jaxfeed.loaders._io.mapped_files import memmap_of
 from jaxfeed.loaders.bytes_field import BytesField
 from jaxfeed.loaders.protocol import MASK_KEY
+from jaxfeed.loaders.ragged_field import RaggedField
 
 __all__ = ["ArrayDataset", "InPlaceFiles"]
 
@@ -210,8 +211,14 @@ class ArrayDataset(Mapping[str, np.ndarray]):
         names = np.frombuffer(json.dumps(list(self.arrays)).encode(), np.uint8)
         arrays = []
         for array in self.arrays.values():
-            arrays.extend(array.content() if isinstance(array, BytesField) else (array,))
+            ragged = isinstance(array, BytesField | RaggedField)
+            arrays.extend(array.content() if ragged else (array,))
         return (names, *arrays)
+
+    def ragged_fields(self) -> list[str]:
+        """The fields whose rows differ in length, which only ``pad=``,
+        ``bucket=`` or ``pack=`` can batch."""
+        return [key for key, array in self.head.items() if isinstance(array, RaggedField)]
 
     def bytes_fields(self) -> list[str]:
         """The fields of encoded bytes, which only a transform can feed a device."""
@@ -228,13 +235,18 @@ def _field(dataset: str, key: object, value: object) -> np.ndarray | BytesField:
             f"{where}: the name {MASK_KEY!r} is reserved for the row mask jaxfeed adds to "
             "padded batches; rename the field (e.g. 'attention_mask')"
         )
-    if isinstance(value, BytesField):
+    if isinstance(value, BytesField | RaggedField):
         return value
     if _is_bytes_rows(value):
         try:
             return BytesField.from_values(value)
         except TypeError as err:
             raise ValueError(f"{where}: {err}; a bytes field holds bytes in every row") from None
+    if _is_ragged_rows(value):  # rows of numbers that differ in length: a sequence field
+        try:
+            return RaggedField.from_rows(value)
+        except ValueError as err:
+            raise ValueError(f"{where}: {err}") from None
     try:
         array = np.asarray(value)
     except ValueError:  # numpy's "setting an array element with a sequence"
@@ -264,6 +276,27 @@ def _field(dataset: str, key: object, value: object) -> np.ndarray | BytesField:
     return view
 
 
+def _is_ragged_rows(value: object) -> bool:
+    """A list, tuple or 1-D object array of numeric arrays (or lists) of at
+    least one axis whose first axes differ: a `RaggedField`."""
+    if isinstance(value, np.ndarray):
+        if value.dtype.kind != "O" or value.ndim != 1:
+            return False
+    elif not isinstance(value, list | tuple):
+        return False
+    if len(value) < 2 or not all(isinstance(r, np.ndarray | list | tuple) for r in value):
+        return False
+    shapes = [_shape(r) for r in value]
+    if "ragged" in shapes or any(len(s) < 1 for s in shapes):
+        return False
+    kinds = {np.asarray(r).dtype.kind for r in value if len(r)}
+    return (
+        len({s[0] for s in shapes}) > 1
+        and len({s[1:] for s in shapes}) == 1
+        and kinds <= set(NUMERIC_KINDS)
+    )
+
+
 def _shape(row: object) -> tuple[int, ...] | str:
     try:
         return np.shape(row)
@@ -277,8 +310,9 @@ def _ragged(where: str, rows: Any) -> str:
     other = next((i for i, shape in enumerate(shapes) if shape != shapes[0]), None)
     which = "" if other is None else f" (row 0: {shapes[0]}, row {other}: {shapes[other]})"
     return (
-        f"{where} has rows of different shapes{which}; every row of a field must have one "
-        f"shape: pad or cut them to one length first (variable-length sequences are planned)"
+        f"{where} has rows of different shapes{which}; rows may differ only in their first "
+        f"axis (a sequence's length; then pass pad=, bucket= or pack= to make): pad or cut "
+        f"them to one shape first"
     )
 
 

@@ -15,6 +15,7 @@ from jaxfeed.loaders.data.catalog import DatasetLike, load_dataset
 from jaxfeed.loaders.host_fields import HostFieldSource, split_host_fields
 from jaxfeed.loaders.protocol import BatchSource
 from jaxfeed.loaders.sampler import Sampler, default_block_rows
+from jaxfeed.loaders.sequence_plan import Bucket, Pack, Pad, as_layout
 from jaxfeed.loaders.transform import RecordFn, RecordTransform
 
 
@@ -174,6 +175,9 @@ def make(
     transform: RecordFn | None = None,
     format: str | None = None,
     host_fields: Sequence[str] = (),
+    pad: int | Pad | None = None,
+    bucket: Sequence[int] | Bucket | bool | None = None,
+    pack: int | Pack | None = None,
     **backend_options: Any,
 ) -> BatchSource:
     """A `BatchSource` reading ``dataset``/``split`` through ``backend``.
@@ -222,6 +226,13 @@ def make(
         (``bytes`` fields as object arrays of ``bytes``), in the shared order,
         outside ``element_spec`` and ``transform`` (see
         `jaxfeed.loaders.host_fields`).
+      pad, bucket, pack: how rows of different lengths (a `RaggedField`:
+        token ids, frames) become static ``[B, L]`` batches: ``pad=L`` (or
+        `Pad`), ``bucket=(64, 128, 256)`` (or `Bucket`, ``True`` for lengths
+        from the histogram), ``pack=L`` (or `Pack`); one of them, needed by
+        a dataset with such a field (see `jaxfeed.loaders.sequence_plan` and
+        docs/sequences.md). A ``transform`` then runs once over every row
+        (epoch 0's generator) before the lengths are planned.
       **backend_options: passed to the backend (e.g. ``num_workers``).
 
     Returns:
@@ -253,7 +264,25 @@ def make(
     check_batch_size(batch_size)
     check_seed(seed)
     check_bool("drop_remainder", drop_remainder)
+    layout = as_layout(pad, bucket, pack)
     data = load_dataset(dataset, split, data_dir=data_dir, format=format)
+    transform = data.transform if transform is None else transform
+    if layout is not None and transform is not None:
+        from jaxfeed.loaders.backends.sequence_source import transformed
+
+        data, transform = transformed(data, transform, seed), None
+    ragged = data.ragged_fields()
+    if ragged and layout is None:
+        raise ValueError(
+            f"dataset {data.name}: field(s) {ragged} hold rows of different lengths; pass "
+            "pad=L (every row padded to L), bucket=(64, 128, ...) (a few lengths) or pack=L "
+            "(rows packed into rows of L) to batch them (docs/sequences.md)"
+        )
+    if layout is not None and not ragged:
+        raise ValueError(
+            f"dataset {data.name} has no field of rows of different lengths for {layout} to "
+            "batch; leave pad=/bucket=/pack= out"
+        )
     if shuffle == "blocks" and block_rows is None:
         block_rows = default_block_rows(sum(a.nbytes for a in data.head.values()))
     try:
@@ -279,12 +308,20 @@ def make(
             f"the {backend} backend got unknown option(s) {unknown}; "
             f"it takes {list(module.OPTIONS)}"
         )
+    if layout is not None:
+        if host_fields or backend_options.get("order", "sampler") != "sampler":
+            raise ValueError(
+                f"{layout} batches follow the plan of the shared sampler's order; "
+                "drop host_fields= and order="
+            )
+        from jaxfeed.loaders.backends.sequence_source import SequenceSource
+
+        return SequenceSource(module, data, sampler, layout, backend_options)
     host: dict = {}
     if host_fields:
         if backend_options.get("order", "sampler") != "sampler":
             raise ValueError("host_fields follow the shared sampler's order; drop order=")
         data, host = split_host_fields(data, host_fields)
-    transform = data.transform if transform is None else transform
     if transform is not None:
         backend_options["transform"] = RecordTransform(transform, seed, data)
     source = module.build(data, sampler, **backend_options)

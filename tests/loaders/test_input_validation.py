@@ -221,12 +221,23 @@ def test_fit_names_a_step_source_or_mesh_of_the_wrong_kind():
 
 
 @pytest.mark.parametrize("rows", [[np.arange(3), np.arange(5)], np.array([[1, 2, 3], [4]], object)])
-def test_rows_of_different_lengths_are_named_not_numpys_sequence_error(rows):
+def test_rows_of_different_lengths_need_a_sequence_layout_named(rows):
     data = {"input_ids": rows, "label": np.arange(2)}
     match = (
-        r"^dataset 'arrays', field 'input_ids' has rows of different shapes \(row 0: \(3,\), "
-        r"row 1: \((5|1),\)\); every row of a field must have one shape: .*variable-length "
-        r"sequences are planned\)$"
+        r"^dataset arrays: field\(s\) \['input_ids'\] hold rows of different lengths; pass "
+        r"pad=L .*, bucket=\(64, 128, \.\.\.\) .* or pack=L .*"
+    )
+    with pytest.raises(ValueError, match=match):
+        loaders.make("numpy", dataset=data, batch_size=1)
+    assert loaders.make("numpy", dataset=data, batch_size=1, pad=5).shapes == (5,)
+
+
+def test_rows_of_different_frame_shapes_are_named_not_numpys_sequence_error():
+    data = {"frames": [np.zeros((3, 2)), np.zeros((5, 4))], "label": np.arange(2)}
+    match = (
+        r"^dataset 'arrays', field 'frames' has rows of different shapes \(row 0: \(3, 2\), row 1: "
+        r"\(5, 4\)\); rows may differ only in their first axis \(a sequence's length; then pass "
+        r"pad=, bucket= or pack= to make\): pad or cut them to one shape first$"
     )
     with pytest.raises(ValueError, match=match):
         loaders.make("numpy", dataset=data, batch_size=1)
