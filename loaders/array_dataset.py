@@ -235,8 +235,10 @@ def _field(dataset: str, key: object, value: object) -> np.ndarray | BytesField:
             f"{where}: the name {MASK_KEY!r} is reserved for the row mask jaxfeed adds to "
             "padded batches; rename the field (e.g. 'attention_mask')"
         )
-    if isinstance(value, BytesField | RaggedField):
+    if isinstance(value, BytesField):
         return value
+    if isinstance(value, RaggedField):
+        return _ragged_field(value, where)
     if _is_bytes_rows(value):
         try:
             return BytesField.from_values(value)
@@ -244,7 +246,7 @@ def _field(dataset: str, key: object, value: object) -> np.ndarray | BytesField:
             raise ValueError(f"{where}: {err}; a bytes field holds bytes in every row") from None
     if _is_ragged_rows(value):  # rows of numbers that differ in length: a sequence field
         try:
-            return RaggedField.from_rows(value)
+            return _ragged_field(RaggedField.from_rows(value), where)
         except ValueError as err:
             raise ValueError(f"{where}: {err}") from None
     try:
@@ -274,6 +276,16 @@ def _field(dataset: str, key: object, value: object) -> np.ndarray | BytesField:
     view = np.ascontiguousarray(array).view()
     view.flags.writeable = False
     return view
+
+
+def _ragged_field(field: RaggedField, where: str) -> RaggedField:
+    """``field`` with its values as the device holds them (64-bit narrowed as
+    for any field) and in this machine's byte order (the same rules)."""
+    values = field.values
+    if not values.dtype.isnative:
+        values = _native_byte_order(values, where)
+    values = as_device_dtype(values, where)
+    return field if values is field.values else RaggedField(values, field.offsets)
 
 
 def _is_ragged_rows(value: object) -> bool:

@@ -65,13 +65,17 @@ class RaggedField:
             raise ValueError("a ragged field needs at least one row")
         first = arrays[0]
         for i, row in enumerate(arrays):
-            if row.ndim < 1 or row.dtype != first.dtype or row.shape[1:] != first.shape[1:]:
+            if row.ndim < 1 or row.dtype.kind not in "biuf" or row.shape[1:] != first.shape[1:]:
                 raise ValueError(
                     f"row {i} is {row.dtype} {list(row.shape)}, but row 0 is {first.dtype} "
-                    f"{list(first.shape)}: rows may differ only in their first axis (length)"
+                    f"{list(first.shape)}: rows are numbers that differ only in their first "
+                    "axis (length)"
                 )
+        # Rows of other integer or float widths (a list of lists is int64): numpy's
+        # promotion, which holds every value exactly.
+        dtype = np.result_type(*{a.dtype for a in arrays})
         lengths = np.fromiter((len(a) for a in arrays), np.int64, len(arrays))
-        return cls.from_lengths(np.concatenate(arrays), lengths)
+        return cls.from_lengths(np.concatenate(arrays).astype(dtype, copy=False), lengths)
 
     @classmethod
     def from_lengths(cls, values: np.ndarray, lengths: Sequence[int]) -> RaggedField:
