@@ -185,6 +185,8 @@ def _format(values: Mapping[str, Any]) -> str:
             parts.append(f"{value:,.0f} samples/s")
         elif name == "data_wait_fraction":
             parts.append(f"data-wait {100 * value:.1f}%")
+        elif name == "batch_shapes":
+            parts.append(f"{value} batch shapes (compiles)")
         elif isinstance(value, float):
             parts.append(f"{name} {value:.4f}")
     return "  ".join(parts)

@@ -104,7 +104,9 @@ def fit(
     rows by `batch_mask`) with a ``count`` entry. An epoch's record holds each
     metric's ``sum / count``, ``eval_``-prefixed for ``eval_step(state,
     batch) -> sums`` over ``eval``, and ``epoch``, ``step``, ``seconds``,
-    ``samples_per_second`` and ``data_wait_fraction``. With ``eval_every``,
+    ``samples_per_second`` and ``data_wait_fraction`` (and ``batch_shapes``,
+    the shapes the step compiled for, when batches come in several: a
+    bucketed sequence source). With ``eval_every``,
     a record also comes after every such step, over the steps since the
     previous record.
 

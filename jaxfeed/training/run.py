@@ -89,6 +89,8 @@ class TrainingRun:
         self.counted = 0.0  # real rows of this record's window trained before a resume
         self.window_started = time.perf_counter()  # when this record's window began
         self.wait = 0.0  # seconds of this window the device may have waited for data
+        # The batch shapes the step has seen: each is a compile (bucketed sequences: one a bucket).
+        self.shapes: set[tuple] = set()
         self.interrupts = Interrupts()
         self.stop_signal: int | None = None  # what stopped the run, once decided
         self.checked_step = 0  # the last step whose sums were found finite
@@ -269,6 +271,7 @@ class TrainingRun:
                 if save_due:
                     self.save(state, totals)
                 batch = device_part(batch, feed.host_fields)
+                self.shapes.add(tuple(value.shape for value in batch.values()))
                 # Only a source's last batch may be padded: looking costs a device sync.
                 last = feed.num_batches is None or self.next_batch + 1 == feed.num_batches
                 if (
@@ -338,4 +341,6 @@ class TrainingRun:
             "seconds": seconds,
             "samples_per_second": (sums["count"] - self.counted) / seconds,
             "data_wait_fraction": self.wait / seconds,
+            # Said only where batches come in several shapes (bucketed sequences).
+            **({"batch_shapes": len(self.shapes)} if len(self.shapes) > 1 else {}),
         }

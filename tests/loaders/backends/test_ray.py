@@ -406,3 +406,14 @@ def _running(process) -> bool:
         return process.status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
+
+
+def test_packed_and_bucketed_batches_are_the_numpy_ones(cluster):
+    rng = np.random.default_rng(7)
+    rows = [rng.integers(1, 30000, n).astype(np.uint16) for n in rng.integers(1, 61, 300)]
+    for layout in ({"pack": 96}, {"bucket": (16, 32, 64)}):
+        ray_source, numpy_source = _both({"input_ids": rows}, batch_size=8, seed=11, **layout)
+        assert_same_batches(_epochs(ray_source), _epochs(numpy_source))
+        assert_same_batches(
+            list(ray_source.iter_epoch(1, start=3)), list(numpy_source.iter_epoch(1))[3:]
+        )
