@@ -18,6 +18,11 @@ import jax
 import jax.numpy as jnp
 
 from jaxfeed.loaders.protocol import MASK_KEY
+from jaxfeed.loaders.sequence_plan import SEGMENT_IDS
+
+# Fields that mark padding themselves: kept, as the mask is (a sequence step
+# weighs its tokens by segment_ids, 0 on every padding row's tokens).
+_MARKS = (MASK_KEY, SEGMENT_IDS)
 from jaxfeed.training.steps import Step, to_host
 
 __all__ = ["PaddingCountedWarning", "padding_changes_sums", "warn_if_padding_counts"]
@@ -44,7 +49,7 @@ def padding_changes_sums(step: Step, state: Any, batch: Mapping[str, jax.Array])
             real = mask.reshape(-1, *([1] * (values.ndim - 1)))
             return jnp.where(real, values, values[first])
 
-        other = {k: v if k == MASK_KEY else refill(v) for k, v in batch.items()}
+        other = {k: v if k in _MARKS else refill(v) for k, v in batch.items()}
         # Each call gets its own copy: a step that updates its state in place (Flax
         # NNX objects passed as the state) would show the second call the first's update.
         copy = jax.tree.map(lambda leaf: leaf, state)
