@@ -19,13 +19,13 @@ import jax.numpy as jnp
 
 from jaxfeed.loaders.protocol import MASK_KEY
 from jaxfeed.loaders.sequence_plan import SEGMENT_IDS
+from jaxfeed.training.steps import Step, to_host
+
+__all__ = ["PaddingCountedWarning", "padding_changes_sums", "warn_if_padding_counts"]
 
 # Fields that mark padding themselves: kept, as the mask is (a sequence step
 # weighs its tokens by segment_ids, 0 on every padding row's tokens).
 _MARKS = (MASK_KEY, SEGMENT_IDS)
-from jaxfeed.training.steps import Step, to_host
-
-__all__ = ["PaddingCountedWarning", "padding_changes_sums", "warn_if_padding_counts"]
 
 RELATIVE = 1e-5  # float32 sums of the same rows in another order differ by far less
 
