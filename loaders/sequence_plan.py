@@ -201,6 +201,7 @@ class EpochPlan:
     start: np.ndarray  # int64 [pieces]: its first value within the row
     size: np.ndarray  # int64 [pieces]: its number of values
     offset: np.ndarray  # int64 [pieces]: where it starts in its slot
+    _value_ends: np.ndarray | None = dataclasses.field(default=None, repr=False, compare=False)
 
     @property
     def num_batches(self) -> int:
@@ -208,6 +209,13 @@ class EpochPlan:
 
     def real_values(self) -> int:
         return int(self.size.sum())
+
+    def value_ends(self) -> np.ndarray:
+        """Values of pieces ``0..i-1`` at ``i`` (``[pieces + 1]``): a run of
+        slots' values from two lookups."""
+        if self._value_ends is None:
+            object.__setattr__(self, "_value_ends", np.concatenate([[0], np.cumsum(self.size)]))
+        return self._value_ends
 
 
 def plan_epoch(

@@ -46,6 +46,8 @@ SPANS_PER_EPOCH = 1 << 12
 ``epoch * SPANS_PER_EPOCH + span``."""
 SPAN_VALUES = 1 << 24
 """Values a span reads at most: bounds the index tables a backend holds."""
+LAYOUT_BATCHES = 64
+"""Batches whose places are worked out in one vectorised pass."""
 
 
 class Planner:
@@ -75,44 +77,59 @@ class Planner:
                 self._last = (epoch, plan)
             return self._last[1]
 
-    def slots(self, plan: EpochPlan, batch: int) -> range:
-        """This process's slots of global batch ``batch``."""
+    def layouts(self, plan: EpochPlan, batches: range) -> dict[str, np.ndarray]:
+        """This process's ``batches`` of ``plan``, back to back, in one pass:
+        ``index`` (the values read, in place order: padding is never read)
+        and ``place`` (where each lands among its batch's ``B * L`` places),
+        ``segment_ids`` and ``positions`` (flat, every place), ``row`` (each
+        batch row's first row; 0 when empty) and ``mask`` (``B`` a batch),
+        ``starts`` and ``reads``: where each batch's places and values begin."""
         s = self.sampler
-        first = batch * s.global_batch_size + s.process_index * s.batch_size
-        return range(first, first + s.batch_size)
-
-    def layout_of(self, plan: EpochPlan, batch: int) -> dict[str, np.ndarray]:
-        """This process's batch ``batch``: ``index`` (the value read at each
-        of its ``B * L`` places; 0 on padding), ``segment_ids``, ``positions``
-        (``[B, L]``), ``row`` (each slot's first row; 0 when empty) and ``mask``."""
-        b, length = self.sampler.batch_size, int(plan.batch_length[batch])
-        slots = self.slots(plan, batch)
-        first, last = plan.slot_pieces[slots.start], plan.slot_pieces[slots.stop]
-        counts = np.diff(plan.slot_pieces[slots.start : slots.stop + 1])
-        size = plan.size[first:last]
-        total = int(size.sum())
-        piece_first = np.cumsum(size) - size  # each piece's first value in this batch's run
-        within = np.arange(total) - np.repeat(piece_first, size)
-        slot_of_piece = np.repeat(np.arange(b), counts)
-        place = np.repeat(slot_of_piece * length + plan.offset[first:last], size) + within
-        index = np.zeros(b * length, np.int64)
-        index[place] = (
-            np.repeat(self.offsets[plan.row[first:last]] + plan.start[first:last], size) + within
+        b = s.batch_size
+        ks = np.arange(batches.start, batches.stop)
+        length = plan.batch_length[ks]
+        slots = (ks * s.global_batch_size + s.process_index * b)[:, None] + np.arange(b)
+        slots = slots.reshape(-1)
+        firsts = plan.slot_pieces[slots]
+        counts = plan.slot_pieces[slots + 1] - firsts
+        before = np.cumsum(counts) - counts  # pieces of earlier slots, here
+        piece = np.repeat(firsts - before, counts) + np.arange(int(counts.sum()))
+        size = plan.size[piece]
+        starts = np.concatenate([[0], np.cumsum(length * b)])
+        slot_place = np.repeat(starts[:-1], b) + np.tile(np.arange(b), len(ks)) * np.repeat(
+            length, b
         )
-        segment = np.zeros(b * length, np.int32)
-        ordinal = np.arange(last - first) - np.repeat(np.cumsum(counts) - counts, counts) + 1
-        segment[place] = np.repeat(ordinal, size)
-        positions = np.zeros(b * length, np.int32)
+        total = int(size.sum())
+        within = np.arange(total) - np.repeat(np.cumsum(size) - size, size)
+        place = np.repeat(np.repeat(slot_place, counts) + plan.offset[piece], size) + within
+        index = np.repeat(self.offsets[plan.row[piece]] + plan.start[piece], size) + within
+        segment = np.zeros(int(starts[-1]), np.int32)
+        segment[place] = np.repeat(np.arange(len(piece)) - np.repeat(before, counts) + 1, size)
+        positions = np.zeros(len(segment), np.int32)
         positions[place] = within
-        row = np.zeros(b, np.int64)
-        row[counts > 0] = plan.row[first:last][np.cumsum(counts)[counts > 0] - counts[counts > 0]]
+        row = np.zeros(len(slots), np.int64)
+        held = counts > 0
+        row[held] = plan.row[firsts[held]]
         return {
             "index": index,
-            SEGMENT_IDS: segment.reshape(b, length),
-            POSITIONS: positions.reshape(b, length),
+            "place": place,
+            SEGMENT_IDS: segment,
+            POSITIONS: positions,
             "row": row,
-            MASK_KEY: counts > 0,
+            MASK_KEY: held,
+            "starts": starts,
+            "reads": np.concatenate([[0], np.cumsum(self.real_values(plan, batches))]),
         }
+
+    def real_values(self, plan: EpochPlan, batches: range) -> np.ndarray:
+        """The values this process reads for each of ``batches`` (its pieces' sizes)."""
+        s = self.sampler
+        first = (
+            np.arange(batches.start, batches.stop) * s.global_batch_size
+            + s.process_index * s.batch_size
+        )
+        ends = plan.value_ends()
+        return ends[plan.slot_pieces[first + s.batch_size]] - ends[plan.slot_pieces[first]]
 
 
 class ChunkReads:
@@ -139,10 +156,8 @@ class ChunkReads:
 
     def stream(self, epoch: int, batches: range) -> np.ndarray:
         """The indices this process reads for ``batches`` of ``epoch``, back to back."""
-        plan = self.planner.plan(epoch)
-        key = "row" if self.rows else "index"
-        parts = [self.planner.layout_of(plan, k)[key] for k in batches]
-        return np.concatenate(parts) if parts else np.zeros(0, np.int64)
+        layouts = self.planner.layouts(self.planner.plan(epoch), batches)
+        return layouts["row" if self.rows else "index"]
 
     def epoch_plan(self, epoch: int, start: int = 0) -> Iterator[tuple[np.ndarray, int]]:
         epoch, start = self.check_position(epoch, start)
@@ -169,7 +184,7 @@ class ChunkReads:
         """Indices each of this process's batches of ``plan`` reads."""
         if self.rows:
             return np.full(plan.num_batches, self.planner.sampler.batch_size, np.int64)
-        return plan.batch_length * self.planner.sampler.batch_size
+        return self.planner.real_values(plan, range(plan.num_batches))
 
 
 class SequenceSource:
@@ -230,7 +245,8 @@ class SequenceSource:
         self.num_batches = None if isinstance(layout, Pack) else plan0.num_batches
         longest = max(layout.lengths) if isinstance(layout, Bucket) else layout.length
         chunk = self.batch_size * longest
-        epoch0 = int(np.ceil(plan0.batch_length.sum() * self.batch_size / chunk))
+        read0 = int(self.planner.real_values(plan0, range(plan0.num_batches)).sum())
+        epoch0 = -(-read0 // chunk)  # chunks of epoch 0
         slack = max(2, epoch0 // 50) if isinstance(layout, Pack) else 0  # pack counts vary a little
         values_span = max(1, min(SPAN_VALUES // chunk, epoch0 + slack))
         values = {k: v.values for k, v in ragged.items()}
@@ -277,29 +293,15 @@ class SequenceSource:
 
     def _batches(self, epoch: int, plan: EpochPlan, start: int) -> Iterator[Batch]:
         b = self.batch_size
-        sizes = plan.batch_length * b
-        values = _Chunks(self._values, epoch, int(sizes[:start].sum()))
+        before = int(self.planner.real_values(plan, range(start)).sum())
+        values = _Chunks(self._values, epoch, before)
         rows = None if self._rows is None else _Chunks(self._rows, epoch, start * b)
         try:
-            for k in range(start, plan.num_batches):
-                length = int(plan.batch_length[k])
-                layout = self.planner.layout_of(plan, k)
-                padding = layout[SEGMENT_IDS] == 0
-                read = values.take(int(sizes[k]))
-                batch: Batch = {}
-                for key, (frame, dtype) in self._ragged.items():
-                    field = read[key].astype(dtype, copy=False).reshape(b, length, *frame)
-                    field[padding] = 0
-                    batch[key] = field
-                batch[SEGMENT_IDS], batch[POSITIONS] = layout[SEGMENT_IDS], layout[POSITIONS]
-                if rows is not None:
-                    for key, value in rows.take(b).items():
-                        value = value.astype(self._fixed[key][1], copy=False)
-                        value[~layout[MASK_KEY]] = 0
-                        batch[key] = value
-                if not self.sampler.drop_remainder:
-                    batch[MASK_KEY] = layout[MASK_KEY]
-                yield batch
+            for first in range(start, plan.num_batches, LAYOUT_BATCHES):
+                block = range(first, min(first + LAYOUT_BATCHES, plan.num_batches))
+                layouts = self.planner.layouts(plan, block)
+                for i, k in enumerate(block):
+                    yield self._batch(plan, k, layouts, i, values, rows)
             values.drain()
             if rows is not None:
                 rows.drain()
@@ -307,6 +309,39 @@ class SequenceSource:
             values.close()
             if rows is not None:
                 rows.close()
+
+    def _batch(
+        self,
+        plan: EpochPlan,
+        k: int,
+        layouts: Mapping[str, np.ndarray],
+        i: int,
+        values: _Chunks,
+        rows: _Chunks | None,
+    ) -> Batch:
+        """Batch ``k``, the ``i``-th of ``layouts``, from the next values (and rows) read."""
+        b, length = self.batch_size, int(plan.batch_length[k])
+        at = slice(int(layouts["starts"][i]), int(layouts["starts"][i + 1]))
+        segment = layouts[SEGMENT_IDS][at].reshape(b, length)
+        mask = layouts[MASK_KEY][i * b : (i + 1) * b]
+        got = slice(int(layouts["reads"][i]), int(layouts["reads"][i + 1]))
+        place = layouts["place"][got] - at.start
+        read = values.take(got.stop - got.start)
+        batch: Batch = {}
+        for key, (frame, dtype) in self._ragged.items():
+            field = np.zeros((b * length, *frame), dtype)
+            field[place] = read[key]
+            batch[key] = field.reshape(b, length, *frame)
+        batch[SEGMENT_IDS] = segment
+        batch[POSITIONS] = layouts[POSITIONS][at].reshape(b, length)
+        if rows is not None:
+            for key, value in rows.take(b).items():
+                value = value.astype(self._fixed[key][1], copy=False)
+                value[~mask] = 0
+                batch[key] = value
+        if not self.sampler.drop_remainder:
+            batch[MASK_KEY] = mask
+        return batch
 
     def __iter__(self) -> Iterator[Batch]:
         return self.iter_epoch(0)
