@@ -14,9 +14,9 @@ from typing import Any
 
 import numpy as np
 from jaxfeed.loaders.array_dataset import as_device_dtype
-from jaxfeed.loaders.checks import check_int
 from jaxfeed.loaders.protocol import ArraySpec, Batch
 from jaxfeed.loaders.rows import pad_rows
+from jaxfeed.loaders.wrapping.padding import Lengths, check_pad_to
 
 DEFAULT_KEYS = ("image", "label")  # the names of a 2-tuple batch's parts
 
@@ -96,10 +96,14 @@ def flatten(raw: Any, keys: tuple[str, ...] | None) -> Batch:
     return out
 
 
-def with_positional_names(error: ValueError, raw: Any, keys: tuple[str, ...] | None) -> str | None:
+def with_positional_names(
+    error: ValueError, raw: Any, keys: tuple[str, ...] | None, wanted: Sequence[str] = ()
+) -> str | None:
     """``error``'s message, saying how to name the fields, when it names a field
     that is a part of a tuple batch (or a bare array) named by its position
-    (`DEFAULT_KEYS`, for want of ``keys``); else None."""
+    (`DEFAULT_KEYS`, for want of ``keys``); else None. ``wanted``: the names
+    ``pad_to`` / ``host_fields`` give that the batch lacks, which the example
+    ``keys=`` uses first."""
     if keys is not None or isinstance(raw, Mapping) or hasattr(raw, "_fields"):
         return None
     parts = len(raw) if isinstance(raw, tuple | list) else 1
@@ -108,9 +112,11 @@ def with_positional_names(error: ValueError, raw: Any, keys: tuple[str, ...] | N
         return None
     what = "tuple" if isinstance(raw, tuple | list) else "bare array"
     named = ", ".join(f"{name!r} is part {i}" for i, name in enumerate(names))
+    example = [*dict.fromkeys(wanted)][:parts]
+    example += ["input_ids", "label"][len(example) : parts]
     return (
         f"{error} (the batches are {what}s, whose parts are named by position: {named}; "
-        f"name them with keys=, e.g. keys=('input_ids', 'label'))"
+        f"name them with keys=, e.g. keys={tuple(example)!r})"
     )
 
 
@@ -181,7 +187,7 @@ def check_numeric(arrays: Mapping[str, np.ndarray], where: str) -> None:
         raise ValueError(
             f"{where}: {fields} object (rows of different lengths); pad them to a fixed "
             f"length with {_pad_to(ragged)}, or carry them as numpy with "
-            f"host_fields={tuple(ragged)!r}"
+            f"host_fields={tuple(ragged)!r}{_buckets(ragged)}"
         )
     for key, array in arrays.items():
         dtype = array.dtype
@@ -228,36 +234,13 @@ def _pad_to(keys: Sequence[str]) -> str:
     return "pad_to={" + ", ".join(f"{key!r}: N" for key in keys) + "}"
 
 
-def pad_last_axis(array: np.ndarray, key: str, length: int, where: str) -> np.ndarray:
-    """``array``'s rows right-padded with zeros to ``length`` on the last axis
-    (``pad_to=``); rows of different lengths (an object array) become one array.
-
-    Raises:
-      ValueError: a row longer than ``length``; a leaf with no axis to pad.
-    """
-    ragged = array.dtype == object and array.ndim == 1
-    rows = [np.asarray(row) for row in array] if ragged else []
-    if ragged and any(row.ndim != 1 for row in rows):
-        raise ValueError(f"{where}: pad_to pads sequences, but the rows of {key!r} are not all 1-D")
-    if not ragged and array.ndim < 2:
-        raise ValueError(
-            f"{where}: pad_to pads the last axis of {key!r}, but it is {array.shape}: only "
-            f"the batch axis; remove {key!r} from pad_to"
-        )
-    longest = max((len(row) for row in rows), default=0) if ragged else array.shape[-1]
-    if longest > length:
-        raise ValueError(
-            f"{where}: {key!r} has a row of length {longest}, longer than "
-            f"pad_to[{key!r}]={length}; raise it, or cut the rows in transform="
-        )
-    if not ragged:
-        width = [(0, 0)] * (array.ndim - 1) + [(0, length - longest)]
-        return np.pad(array, width) if longest < length else array
-    dtypes = {row.dtype for row in rows if row.size}  # np.asarray([]) is float64
-    out = np.zeros((len(rows), length), np.result_type(*dtypes) if dtypes else np.int32)
-    for i, row in enumerate(rows):
-        out[i, : len(row)] = row
-    return out
+def _buckets(keys: Sequence[str]) -> str:
+    """How ``pad_to`` pads ``keys`` less: to one of a few lengths per batch."""
+    lengths = "{" + ", ".join(f"{key!r}: (64, 128, 256)" for key in keys) + "}"
+    return (
+        f"; or pad each batch to the shortest of a few lengths that fits, e.g. "
+        f"pad_to={lengths}: a jitted step then compiles for at most 3 shapes"
+    )
 
 
 def pad_batch_rows(array: np.ndarray, size: int) -> np.ndarray:
@@ -312,6 +295,7 @@ def raise_mismatch(
     )
     raise ValueError(
         f"{where}: {differences}; every batch needs the same keys, shapes and dtypes ({fix})"
+        + (_buckets(lengths) if lengths else "")
     )
 
 
@@ -323,21 +307,11 @@ def _length_varies(old: ArraySpec | None, new: ArraySpec | None) -> bool:
 
 
 def check_fields(
-    host_fields: Sequence[str], pad_to: Mapping[str, int] | None
-) -> tuple[tuple[str, ...], dict[str, int]]:
-    """``host_fields`` and ``pad_to`` checked, as a tuple and a dict."""
+    host_fields: Sequence[str], pad_to: Mapping[str, Any] | None
+) -> tuple[tuple[str, ...], dict[str, Lengths]]:
+    """``host_fields`` and ``pad_to`` checked, as a tuple and a dict of lengths."""
     if isinstance(host_fields, str) or not all(isinstance(n, str) for n in host_fields):
         raise TypeError(
             f"host_fields must be a sequence of field names like ('text',), got {host_fields!r}"
         )
-    if pad_to is not None and not isinstance(pad_to, Mapping):
-        raise TypeError(f"pad_to must be a dict like {{'tokens': 128}}, got {pad_to!r}")
-    lengths = {}
-    for name, length in (pad_to or {}).items():
-        lengths[name] = check_int(f"pad_to[{name!r}]", length, 1)
-        if name in host_fields:
-            raise ValueError(
-                f"{name!r} is in both host_fields and pad_to; pad_to pads device fields: "
-                f"pad a host field in transform="
-            )
-    return tuple(dict.fromkeys(host_fields)), lengths
+    return tuple(dict.fromkeys(host_fields)), check_pad_to(pad_to, host_fields)
