@@ -4,21 +4,28 @@ arrays, checked as numbers JAX can hold, padded, cast as JAX would cast them.
 `wrapped_source.WrappedSource` strings these together; each raises a
 ``ValueError`` that names the batch (``where``) and the field. `check_fields`
 checks ``wrap``'s ``host_fields=`` / ``pad_to=`` before any batch is read.
+
+``pad_to=`` gives each field one length or several (buckets): `pad_group`
+pads a batch's fields to the shortest that holds every row, fields given the
+same lengths sharing it (``input_ids`` and ``attention_mask`` stay aligned);
+`PaddingReport` counts what the padding has cost.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 from jaxfeed.loaders.array_dataset import as_device_dtype
+from jaxfeed.loaders.checks import check_int
 from jaxfeed.loaders.protocol import ArraySpec, Batch
 from jaxfeed.loaders.rows import pad_rows
-from jaxfeed.loaders.wrapping.padding import Lengths, check_pad_to
 
 DEFAULT_KEYS = ("image", "label")  # the names of a 2-tuple batch's parts
+Lengths = tuple[int, ...]  # a pad_to field's lengths: ascending, distinct
 
 
 def map_leaves(fn: Callable[..., Any], tree: Any, *rest: Any) -> Any:
@@ -306,12 +313,161 @@ def _length_varies(old: ArraySpec | None, new: ArraySpec | None) -> bool:
     return len(old.shape) == len(new.shape) > 1 and old.shape[:-1] == new.shape[:-1]
 
 
+def groups(pad_to: Mapping[str, Lengths]) -> list[tuple[Lengths, tuple[str, ...]]]:
+    """The fields of ``pad_to`` grouped by their lengths: one length per group per batch."""
+    by_lengths: dict[Lengths, list[str]] = {}
+    for name, lengths in pad_to.items():
+        by_lengths.setdefault(lengths, []).append(name)
+    return [(lengths, tuple(names)) for lengths, names in by_lengths.items()]
+
+
+def pad_group(batch: Batch, lengths: Lengths, keys: Sequence[str], where: str) -> None:
+    """Pads ``batch``'s fields ``keys`` (in place) to the shortest of
+    ``lengths`` that holds the longest row of any of them.
+
+    Raises:
+      ValueError: a row longer than every length (never cut), naming the
+        field; a leaf with no axis to pad.
+    """
+    rows = {key: _rows(batch[key], key, where) for key in keys}
+    key, (_, longest) = max(rows.items(), key=lambda item: item[1][1])
+    length = next((n for n in lengths if n >= longest), None)
+    if length is None:
+        if len(lengths) == 1:
+            limit, fix = f"pad_to[{key!r}]={lengths[0]}", "raise it"
+        else:
+            limit = f"the longest of pad_to[{key!r}]={lengths}"
+            fix = f"add a length of {longest} or more"
+        raise ValueError(
+            f"{where}: {key!r} has a row of length {longest}, longer than {limit}; {fix}, "
+            f"or cut the rows in transform= (wrap never cuts them)"
+        )
+    for key, (array, _) in rows.items():
+        batch[key] = _padded(array, length)
+
+
+def _rows(array: np.ndarray, key: str, where: str) -> tuple[np.ndarray | list, int]:
+    """``array`` as padding takes it (rows of different lengths, an object
+    array, as a list of 1-D rows) and the length of its longest row."""
+    if array.dtype == object and array.ndim == 1:
+        rows = [np.asarray(row) for row in array]
+        if any(row.ndim != 1 for row in rows):
+            raise ValueError(
+                f"{where}: pad_to pads sequences, but the rows of {key!r} are not all 1-D"
+            )
+        return rows, max((len(row) for row in rows), default=0)
+    if array.ndim < 2:
+        raise ValueError(
+            f"{where}: pad_to pads the last axis of {key!r}, but it is {array.shape}: only "
+            f"the batch axis; remove {key!r} from pad_to"
+        )
+    return array, array.shape[-1]
+
+
+def _padded(array: np.ndarray | list, length: int) -> np.ndarray:
+    """Rows right-padded with zeros to ``length`` on the last axis; rows of
+    different lengths become one array."""
+    if isinstance(array, np.ndarray):
+        missing = length - array.shape[-1]
+        return np.pad(array, [(0, 0)] * (array.ndim - 1) + [(0, missing)]) if missing else array
+    dtypes = {row.dtype for row in array if row.size}  # np.asarray([]) is float64
+    out = np.zeros((len(array), length), np.result_type(*dtypes) if dtypes else np.int32)
+    for i, row in enumerate(array):
+        out[i, : len(row)] = row
+    return out
+
+
+@dataclasses.dataclass
+class PaddingReport:
+    """What a wrapped source's batches carried, from the first (read by
+    ``wrap()``) to the last one padded (docs/wrap.md).
+
+    Attributes:
+      batches: batches served.
+      rows: real rows (``mask`` True); ``padding_rows``: rows added to fill
+        ``batch_size`` (``mask`` False).
+      real: per ``pad_to`` field, the values of real rows up to each row's
+        last non-zero (padding is zeros at the end of a row).
+      served: per ``pad_to`` field, every value served, padding included.
+      shapes: each distinct set of shapes of the ``pad_to`` fields, as
+        ``((field, shape), ...)``: a jitted step compiles once for each.
+    """
+
+    batches: int = 0
+    rows: int = 0
+    padding_rows: int = 0
+    real: dict[str, int] = dataclasses.field(default_factory=dict)
+    served: dict[str, int] = dataclasses.field(default_factory=dict)
+    shapes: set[tuple[tuple[str, tuple[int, ...]], ...]] = dataclasses.field(default_factory=set)
+
+    def padding_fraction(self, field: str | None = None) -> float:
+        """The share of ``field``'s served values that are padding (of every
+        ``pad_to`` field's together for None); 0.0 before any."""
+        fields = self.served if field is None else [field]
+        served = sum(self.served.get(f, 0) for f in fields)
+        return 1 - sum(self.real.get(f, 0) for f in fields) / served if served else 0.0
+
+    def add(self, batch: Batch, keys: Sequence[str], rows: int, size: int) -> None:
+        """Counts one padded batch of ``rows`` real rows out of ``size``."""
+        self.batches += 1
+        self.rows += rows
+        self.padding_rows += size - rows
+        for key in keys:
+            array = batch[key]
+            self.real[key] = self.real.get(key, 0) + _values_to_last_nonzero(array[:rows])
+            self.served[key] = self.served.get(key, 0) + array.size
+        self.shapes.add(tuple((key, batch[key].shape) for key in keys))
+
+    def __str__(self) -> str:
+        fields = "".join(
+            f"; {key!r}: {self.padding_fraction(key):.1%} padding "
+            f"({self.served[key] - self.real[key]:,} of {self.served[key]:,} values)"
+            for key in self.served
+        )
+        return (
+            f"{self.batches} batches, {self.rows:,} rows + {self.padding_rows:,} padding rows"
+            f"{fields}; {len(self.shapes)} distinct shape(s)"
+        )
+
+
+def _values_to_last_nonzero(array: np.ndarray) -> int:
+    """The values of each row (last axis) up to its last non-zero, summed."""
+    if array.size == 0:
+        return 0
+    nonzero = array != 0
+    last = nonzero.shape[-1] - np.argmax(nonzero[..., ::-1], axis=-1)
+    return int(np.where(nonzero.any(axis=-1), last, 0).sum())
+
+
 def check_fields(
     host_fields: Sequence[str], pad_to: Mapping[str, Any] | None
 ) -> tuple[tuple[str, ...], dict[str, Lengths]]:
-    """``host_fields`` and ``pad_to`` checked, as a tuple and a dict of lengths."""
+    """``host_fields`` and ``pad_to`` checked: a tuple, and each field's
+    lengths (an int or a sequence of ints) as an ascending tuple."""
     if isinstance(host_fields, str) or not all(isinstance(n, str) for n in host_fields):
         raise TypeError(
             f"host_fields must be a sequence of field names like ('text',), got {host_fields!r}"
         )
-    return tuple(dict.fromkeys(host_fields)), check_pad_to(pad_to, host_fields)
+    if pad_to is not None and not isinstance(pad_to, Mapping):
+        raise TypeError(
+            f"pad_to must be a dict like {{'tokens': 128}} or {{'tokens': (32, 64, 128)}}, "
+            f"got {pad_to!r}"
+        )
+    checked = {}
+    for name, given in (pad_to or {}).items():
+        if isinstance(given, tuple | list):
+            if not given:
+                raise ValueError(
+                    f"pad_to[{name!r}] is empty; give one length (128) or several, "
+                    f"e.g. (32, 64, 128)"
+                )
+            lengths = [check_int(f"pad_to[{name!r}][{i}]", n, 1) for i, n in enumerate(given)]
+        else:
+            lengths = [check_int(f"pad_to[{name!r}]", given, 1)]
+        checked[name] = tuple(sorted(set(lengths)))
+        if name in host_fields:
+            raise ValueError(
+                f"{name!r} is in both host_fields and pad_to; pad_to pads device fields: "
+                f"pad a host field in transform="
+            )
+    return tuple(dict.fromkeys(host_fields)), checked

@@ -20,7 +20,7 @@ from jaxfeed.loaders.checks import (
     check_seed,
 )
 from jaxfeed.loaders.protocol import MASK_KEY, ArraySpec, Batch, BatchSource
-from jaxfeed.loaders.wrapping import padding, raw_batches
+from jaxfeed.loaders.wrapping import raw_batches
 from jaxfeed.loaders.wrapping.kinds import KINDS, REPLAYABLE, Epochs, WrapSettings
 
 
@@ -51,7 +51,7 @@ class WrappedSource:
         drop_remainder: bool,
         transform: Callable[[Batch], Batch] | None,
         host_fields: tuple[str, ...] = (),
-        pad_to: Mapping[str, padding.Lengths] | None = None,
+        pad_to: Mapping[str, raw_batches.Lengths] | None = None,
     ):
         self.kind = kind
         self.drop_remainder = drop_remainder
@@ -61,10 +61,10 @@ class WrappedSource:
         self._keys = keys
         self._transform = transform
         self._pad_to = dict(pad_to or {})
-        self._pad_groups = padding.groups(self._pad_to)
+        self._pad_groups = raw_batches.groups(self._pad_to)
         # Fields whose last axis varies from batch to batch: the spec holds the longest.
         self._bucketed = {k: v for k, v in self._pad_to.items() if len(v) > 1}
-        self._report = padding.PaddingReport()
+        self._report = raw_batches.PaddingReport()
         self._spec: dict[str, ArraySpec] = {}
         self._spec_from = ""  # where the spec was read, for mismatch messages
         self._all_rows: np.ndarray | None = None  # the shared all-True mask
@@ -93,7 +93,7 @@ class WrappedSource:
     def iter_epoch(self, epoch: int = 0, *, start: int = 0) -> Iterator[Batch]:
         return self._iter_epoch(epoch, start, keep_state=True)
 
-    def padding_report(self) -> padding.PaddingReport:
+    def padding_report(self) -> raw_batches.PaddingReport:
         """A copy of what the batches padded so far carried: real and padding
         rows, real and served values of each ``pad_to`` field, and the distinct
         shapes (docs/wrap.md). The first batch is counted by ``wrap()``."""
@@ -222,7 +222,7 @@ class WrappedSource:
         self, raw: Any, where: str, num_valid: int | None = None
     ) -> tuple[Batch | None, int]:
         """Flattens, converts, transforms, checks, pads. Returns the batch
-        (None: dropped) and its rows before padding. ``num_valid``: a
+        (None: dropped) and its rows before raw_batches. ``num_valid``: a
         sampler-ordered batch's real rows; the rest are zeroed, as in `make`."""
         batch = raw_batches.flatten(raw, self._keys)
         if self._transform is not None:  # the fields are the transform's
@@ -240,7 +240,7 @@ class WrappedSource:
     def _checked(self, batch: Batch, where: str, num_valid: int | None) -> tuple[Batch | None, int]:
         self._check_names(batch, where)
         for lengths, keys in self._pad_groups:
-            padding.pad_group(batch, lengths, keys, where)
+            raw_batches.pad_group(batch, lengths, keys, where)
         device = {k: v for k, v in batch.items() if k not in self.host_fields}
         raw_batches.check_numeric(device, where)  # every field refused, in one message
         for key, value in device.items():
