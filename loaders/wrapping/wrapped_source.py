@@ -6,7 +6,7 @@ Which loaders are accepted, and how each one's epochs are read, lives in
 
 from __future__ import annotations
 
-import copy
+import dataclasses
 import itertools
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
@@ -97,7 +97,11 @@ class WrappedSource:
         """A copy of what the batches padded so far carried: real and padding
         rows, real and served values of each ``pad_to`` field, and the distinct
         shapes (docs/wrap.md). The first batch is counted by ``wrap()``."""
-        return copy.deepcopy(self._report)
+        # A feed's thread may be adding to it: dict() and set() copy in one step.
+        report = self._report
+        return dataclasses.replace(
+            report, real=dict(report.real), served=dict(report.served), shapes=set(report.shapes)
+        )
 
     def without_data_state(self) -> BatchSource:
         """This source's batches, keeping no stream state (see `SkipsDataState`):
