@@ -226,7 +226,7 @@ class WrappedSource:
         self, raw: Any, where: str, num_valid: int | None = None
     ) -> tuple[Batch | None, int]:
         """Flattens, converts, transforms, checks, pads. Returns the batch
-        (None: dropped) and its rows before raw_batches. ``num_valid``: a
+        (None: dropped) and its rows before padding. ``num_valid``: a
         sampler-ordered batch's real rows; the rest are zeroed, as in `make`."""
         batch = raw_batches.flatten(raw, self._keys)
         if self._transform is not None:  # the fields are the transform's
