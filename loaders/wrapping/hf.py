@@ -83,10 +83,22 @@ def _transformed(dataset: Any, columns: Sequence[str] | None, rows: Any) -> dict
                 f"not {missing}; pick columns from what it returns"
             )
         batch = {name: batch[name] for name in columns}
-    return {
-        name: np.stack([np.asarray(v) for v in value]) if isinstance(value, list) else value
-        for name, value in batch.items()
-    }
+    return {name: _one_array(value) for name, value in batch.items()}
+
+
+def _one_array(value: Any) -> Any:
+    """A transform's column as one array; rows of different lengths (a
+    tokenizer without padding) as one object per row, for ``pad_to=`` to pad
+    or the checks to name."""
+    if not isinstance(value, list):
+        return value
+    rows = [np.asarray(v) for v in value]
+    if len({row.shape for row in rows}) <= 1:
+        return np.stack(rows)
+    ragged = np.empty(len(rows), object)
+    for i, row in enumerate(rows):
+        ragged[i] = row
+    return ragged
 
 
 def _reordered(dataset: Any) -> bool:

@@ -4,10 +4,16 @@ arrays, checked as numbers JAX can hold, padded, cast as JAX would cast them.
 `wrapped_source.WrappedSource` strings these together; each raises a
 ``ValueError`` that names the batch (``where``) and the field. `check_fields`
 checks ``wrap``'s ``host_fields=`` / ``pad_to=`` before any batch is read.
+
+``pad_to=`` gives each field one length or several (buckets): `pad_group`
+pads a batch's fields to the shortest that holds every row, fields given the
+same lengths sharing it (``input_ids`` and ``attention_mask`` stay aligned);
+`PaddingReport` counts what the padding has cost.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -19,6 +25,7 @@ from jaxfeed.loaders.protocol import ArraySpec, Batch
 from jaxfeed.loaders.rows import pad_rows
 
 DEFAULT_KEYS = ("image", "label")  # the names of a 2-tuple batch's parts
+Lengths = tuple[int, ...]  # a pad_to field's lengths: ascending, distinct
 
 
 def map_leaves(fn: Callable[..., Any], tree: Any, *rest: Any) -> Any:
@@ -96,10 +103,14 @@ def flatten(raw: Any, keys: tuple[str, ...] | None) -> Batch:
     return out
 
 
-def with_positional_names(error: ValueError, raw: Any, keys: tuple[str, ...] | None) -> str | None:
+def with_positional_names(
+    error: ValueError, raw: Any, keys: tuple[str, ...] | None, wanted: Sequence[str] = ()
+) -> str | None:
     """``error``'s message, saying how to name the fields, when it names a field
     that is a part of a tuple batch (or a bare array) named by its position
-    (`DEFAULT_KEYS`, for want of ``keys``); else None."""
+    (`DEFAULT_KEYS`, for want of ``keys``); else None. ``wanted``: the names
+    ``pad_to`` / ``host_fields`` give that the batch lacks, which the example
+    ``keys=`` uses first."""
     if keys is not None or isinstance(raw, Mapping) or hasattr(raw, "_fields"):
         return None
     parts = len(raw) if isinstance(raw, tuple | list) else 1
@@ -108,9 +119,11 @@ def with_positional_names(error: ValueError, raw: Any, keys: tuple[str, ...] | N
         return None
     what = "tuple" if isinstance(raw, tuple | list) else "bare array"
     named = ", ".join(f"{name!r} is part {i}" for i, name in enumerate(names))
+    example = [*dict.fromkeys(wanted)][:parts]
+    example += ["input_ids", "label"][len(example) : parts]
     return (
         f"{error} (the batches are {what}s, whose parts are named by position: {named}; "
-        f"name them with keys=, e.g. keys=('input_ids', 'label'))"
+        f"name them with keys=, e.g. keys={tuple(example)!r})"
     )
 
 
@@ -181,7 +194,7 @@ def check_numeric(arrays: Mapping[str, np.ndarray], where: str) -> None:
         raise ValueError(
             f"{where}: {fields} object (rows of different lengths); pad them to a fixed "
             f"length with {_pad_to(ragged)}, or carry them as numpy with "
-            f"host_fields={tuple(ragged)!r}"
+            f"host_fields={tuple(ragged)!r}{_buckets(ragged)}"
         )
     for key, array in arrays.items():
         dtype = array.dtype
@@ -228,36 +241,13 @@ def _pad_to(keys: Sequence[str]) -> str:
     return "pad_to={" + ", ".join(f"{key!r}: N" for key in keys) + "}"
 
 
-def pad_last_axis(array: np.ndarray, key: str, length: int, where: str) -> np.ndarray:
-    """``array``'s rows right-padded with zeros to ``length`` on the last axis
-    (``pad_to=``); rows of different lengths (an object array) become one array.
-
-    Raises:
-      ValueError: a row longer than ``length``; a leaf with no axis to pad.
-    """
-    ragged = array.dtype == object and array.ndim == 1
-    rows = [np.asarray(row) for row in array] if ragged else []
-    if ragged and any(row.ndim != 1 for row in rows):
-        raise ValueError(f"{where}: pad_to pads sequences, but the rows of {key!r} are not all 1-D")
-    if not ragged and array.ndim < 2:
-        raise ValueError(
-            f"{where}: pad_to pads the last axis of {key!r}, but it is {array.shape}: only "
-            f"the batch axis; remove {key!r} from pad_to"
-        )
-    longest = max((len(row) for row in rows), default=0) if ragged else array.shape[-1]
-    if longest > length:
-        raise ValueError(
-            f"{where}: {key!r} has a row of length {longest}, longer than "
-            f"pad_to[{key!r}]={length}; raise it, or cut the rows in transform="
-        )
-    if not ragged:
-        width = [(0, 0)] * (array.ndim - 1) + [(0, length - longest)]
-        return np.pad(array, width) if longest < length else array
-    dtypes = {row.dtype for row in rows if row.size}  # np.asarray([]) is float64
-    out = np.zeros((len(rows), length), np.result_type(*dtypes) if dtypes else np.int32)
-    for i, row in enumerate(rows):
-        out[i, : len(row)] = row
-    return out
+def _buckets(keys: Sequence[str]) -> str:
+    """How ``pad_to`` pads ``keys`` less: to one of a few lengths per batch."""
+    lengths = "{" + ", ".join(f"{key!r}: (64, 128, 256)" for key in keys) + "}"
+    return (
+        f"; or pad each batch to the shortest of a few lengths that fits, e.g. "
+        f"pad_to={lengths}: a jitted step then compiles for at most 3 shapes"
+    )
 
 
 def pad_batch_rows(array: np.ndarray, size: int) -> np.ndarray:
@@ -312,6 +302,7 @@ def raise_mismatch(
     )
     raise ValueError(
         f"{where}: {differences}; every batch needs the same keys, shapes and dtypes ({fix})"
+        + (_buckets(lengths) if lengths else "")
     )
 
 
@@ -322,22 +313,161 @@ def _length_varies(old: ArraySpec | None, new: ArraySpec | None) -> bool:
     return len(old.shape) == len(new.shape) > 1 and old.shape[:-1] == new.shape[:-1]
 
 
+def groups(pad_to: Mapping[str, Lengths]) -> list[tuple[Lengths, tuple[str, ...]]]:
+    """The fields of ``pad_to`` grouped by their lengths: one length per group per batch."""
+    by_lengths: dict[Lengths, list[str]] = {}
+    for name, lengths in pad_to.items():
+        by_lengths.setdefault(lengths, []).append(name)
+    return [(lengths, tuple(names)) for lengths, names in by_lengths.items()]
+
+
+def pad_group(batch: Batch, lengths: Lengths, keys: Sequence[str], where: str) -> None:
+    """Pads ``batch``'s fields ``keys`` (in place) to the shortest of
+    ``lengths`` that holds the longest row of any of them.
+
+    Raises:
+      ValueError: a row longer than every length (never cut), naming the
+        field; a leaf with no axis to pad.
+    """
+    rows = {key: _rows(batch[key], key, where) for key in keys}
+    key, (_, longest) = max(rows.items(), key=lambda item: item[1][1])
+    length = next((n for n in lengths if n >= longest), None)
+    if length is None:
+        if len(lengths) == 1:
+            limit, fix = f"pad_to[{key!r}]={lengths[0]}", "raise it"
+        else:
+            limit = f"the longest of pad_to[{key!r}]={lengths}"
+            fix = f"add a length of {longest} or more"
+        raise ValueError(
+            f"{where}: {key!r} has a row of length {longest}, longer than {limit}; {fix}, "
+            f"or cut the rows in transform= (wrap never cuts them)"
+        )
+    for key, (array, _) in rows.items():
+        batch[key] = _padded(array, length)
+
+
+def _rows(array: np.ndarray, key: str, where: str) -> tuple[np.ndarray | list, int]:
+    """``array`` as padding takes it (rows of different lengths, an object
+    array, as a list of 1-D rows) and the length of its longest row."""
+    if array.dtype == object and array.ndim == 1:
+        rows = [np.asarray(row) for row in array]
+        if any(row.ndim != 1 for row in rows):
+            raise ValueError(
+                f"{where}: pad_to pads sequences, but the rows of {key!r} are not all 1-D"
+            )
+        return rows, max((len(row) for row in rows), default=0)
+    if array.ndim < 2:
+        raise ValueError(
+            f"{where}: pad_to pads the last axis of {key!r}, but it is {array.shape}: only "
+            f"the batch axis; remove {key!r} from pad_to"
+        )
+    return array, array.shape[-1]
+
+
+def _padded(array: np.ndarray | list, length: int) -> np.ndarray:
+    """Rows right-padded with zeros to ``length`` on the last axis; rows of
+    different lengths become one array."""
+    if isinstance(array, np.ndarray):
+        missing = length - array.shape[-1]
+        return np.pad(array, [(0, 0)] * (array.ndim - 1) + [(0, missing)]) if missing else array
+    dtypes = {row.dtype for row in array if row.size}  # np.asarray([]) is float64
+    out = np.zeros((len(array), length), np.result_type(*dtypes) if dtypes else np.int32)
+    for i, row in enumerate(array):
+        out[i, : len(row)] = row
+    return out
+
+
+@dataclasses.dataclass
+class PaddingReport:
+    """What a wrapped source's batches carried, from the first (read by
+    ``wrap()``) to the last one padded (docs/wrap.md).
+
+    Attributes:
+      batches: batches served.
+      rows: real rows (``mask`` True); ``padding_rows``: rows added to fill
+        ``batch_size`` (``mask`` False).
+      real: per ``pad_to`` field, the values of real rows up to each row's
+        last non-zero (padding is zeros at the end of a row).
+      served: per ``pad_to`` field, every value served, padding included.
+      shapes: each distinct set of shapes of the ``pad_to`` fields, as
+        ``((field, shape), ...)``: a jitted step compiles once for each.
+    """
+
+    batches: int = 0
+    rows: int = 0
+    padding_rows: int = 0
+    real: dict[str, int] = dataclasses.field(default_factory=dict)
+    served: dict[str, int] = dataclasses.field(default_factory=dict)
+    shapes: set[tuple[tuple[str, tuple[int, ...]], ...]] = dataclasses.field(default_factory=set)
+
+    def padding_fraction(self, field: str | None = None) -> float:
+        """The share of ``field``'s served values that are padding (of every
+        ``pad_to`` field's together for None); 0.0 before any."""
+        fields = self.served if field is None else [field]
+        served = sum(self.served.get(f, 0) for f in fields)
+        return 1 - sum(self.real.get(f, 0) for f in fields) / served if served else 0.0
+
+    def add(self, batch: Batch, keys: Sequence[str], rows: int, size: int) -> None:
+        """Counts one padded batch of ``rows`` real rows out of ``size``."""
+        self.batches += 1
+        self.rows += rows
+        self.padding_rows += size - rows
+        for key in keys:
+            array = batch[key]
+            self.real[key] = self.real.get(key, 0) + _values_to_last_nonzero(array[:rows])
+            self.served[key] = self.served.get(key, 0) + array.size
+        self.shapes.add(tuple((key, batch[key].shape) for key in keys))
+
+    def __str__(self) -> str:
+        fields = "".join(
+            f"; {key!r}: {self.padding_fraction(key):.1%} padding "
+            f"({self.served[key] - self.real[key]:,} of {self.served[key]:,} values)"
+            for key in self.served
+        )
+        return (
+            f"{self.batches} batches, {self.rows:,} rows + {self.padding_rows:,} padding rows"
+            f"{fields}; {len(self.shapes)} distinct shape(s)"
+        )
+
+
+def _values_to_last_nonzero(array: np.ndarray) -> int:
+    """The values of each row (last axis) up to its last non-zero, summed."""
+    if array.size == 0:
+        return 0
+    nonzero = array != 0
+    last = nonzero.shape[-1] - np.argmax(nonzero[..., ::-1], axis=-1)
+    return int(np.where(nonzero.any(axis=-1), last, 0).sum())
+
+
 def check_fields(
-    host_fields: Sequence[str], pad_to: Mapping[str, int] | None
-) -> tuple[tuple[str, ...], dict[str, int]]:
-    """``host_fields`` and ``pad_to`` checked, as a tuple and a dict."""
+    host_fields: Sequence[str], pad_to: Mapping[str, Any] | None
+) -> tuple[tuple[str, ...], dict[str, Lengths]]:
+    """``host_fields`` and ``pad_to`` checked: a tuple, and each field's
+    lengths (an int or a sequence of ints) as an ascending tuple."""
     if isinstance(host_fields, str) or not all(isinstance(n, str) for n in host_fields):
         raise TypeError(
             f"host_fields must be a sequence of field names like ('text',), got {host_fields!r}"
         )
     if pad_to is not None and not isinstance(pad_to, Mapping):
-        raise TypeError(f"pad_to must be a dict like {{'tokens': 128}}, got {pad_to!r}")
-    lengths = {}
-    for name, length in (pad_to or {}).items():
-        lengths[name] = check_int(f"pad_to[{name!r}]", length, 1)
+        raise TypeError(
+            f"pad_to must be a dict like {{'tokens': 128}} or {{'tokens': (32, 64, 128)}}, "
+            f"got {pad_to!r}"
+        )
+    checked = {}
+    for name, given in (pad_to or {}).items():
+        if isinstance(given, tuple | list):
+            if not given:
+                raise ValueError(
+                    f"pad_to[{name!r}] is empty; give one length (128) or several, "
+                    f"e.g. (32, 64, 128)"
+                )
+            lengths = [check_int(f"pad_to[{name!r}][{i}]", n, 1) for i, n in enumerate(given)]
+        else:
+            lengths = [check_int(f"pad_to[{name!r}]", given, 1)]
+        checked[name] = tuple(sorted(set(lengths)))
         if name in host_fields:
             raise ValueError(
                 f"{name!r} is in both host_fields and pad_to; pad_to pads device fields: "
                 f"pad a host field in transform="
             )
-    return tuple(dict.fromkeys(host_fields)), lengths
+    return tuple(dict.fromkeys(host_fields)), checked

@@ -6,6 +6,7 @@ Which loaders are accepted, and how each one's epochs are read, lives in
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
@@ -35,6 +36,9 @@ class WrappedSource:
     Attributes:
       host_fields: names of the leaves that stay numpy on the host (see
         `wrap`); ``element_spec`` holds the device leaves only.
+
+    A field ``pad_to`` gives several lengths (buckets) has, in
+    ``element_spec``, the longest: each batch has one of those lengths.
     """
 
     def __init__(
@@ -47,7 +51,7 @@ class WrappedSource:
         drop_remainder: bool,
         transform: Callable[[Batch], Batch] | None,
         host_fields: tuple[str, ...] = (),
-        pad_to: Mapping[str, int] | None = None,
+        pad_to: Mapping[str, raw_batches.Lengths] | None = None,
     ):
         self.kind = kind
         self.drop_remainder = drop_remainder
@@ -57,6 +61,10 @@ class WrappedSource:
         self._keys = keys
         self._transform = transform
         self._pad_to = dict(pad_to or {})
+        self._pad_groups = raw_batches.groups(self._pad_to)
+        # Fields whose last axis varies from batch to batch: the spec holds the longest.
+        self._bucketed = {k: v for k, v in self._pad_to.items() if len(v) > 1}
+        self._report = raw_batches.PaddingReport()
         self._spec: dict[str, ArraySpec] = {}
         self._spec_from = ""  # where the spec was read, for mismatch messages
         self._all_rows: np.ndarray | None = None  # the shared all-True mask
@@ -84,6 +92,16 @@ class WrappedSource:
 
     def iter_epoch(self, epoch: int = 0, *, start: int = 0) -> Iterator[Batch]:
         return self._iter_epoch(epoch, start, keep_state=True)
+
+    def padding_report(self) -> raw_batches.PaddingReport:
+        """A copy of what the batches padded so far carried: real and padding
+        rows, real and served values of each ``pad_to`` field, and the distinct
+        shapes (docs/wrap.md). The first batch is counted by ``wrap()``."""
+        # A feed's thread may be adding to it: dict() and set() copy in one step.
+        report = self._report
+        return dataclasses.replace(
+            report, real=dict(report.real), served=dict(report.served), shapes=set(report.shapes)
+        )
 
     def without_data_state(self) -> BatchSource:
         """This source's batches, keeping no stream state (see `SkipsDataState`):
@@ -217,15 +235,16 @@ class WrappedSource:
         try:
             return self._checked(batch, where, num_valid)
         except ValueError as err:
-            said = raw_batches.with_positional_names(err, raw, self._keys)
+            wanted = [n for n in (*self._pad_to, *self.host_fields) if n not in batch]
+            said = raw_batches.with_positional_names(err, raw, self._keys, wanted)
             if said is None:
                 raise
             raise ValueError(said) from None
 
     def _checked(self, batch: Batch, where: str, num_valid: int | None) -> tuple[Batch | None, int]:
         self._check_names(batch, where)
-        for key, length in self._pad_to.items():
-            batch[key] = raw_batches.pad_last_axis(batch[key], key, length, where)
+        for lengths, keys in self._pad_groups:
+            raw_batches.pad_group(batch, lengths, keys, where)
         device = {k: v for k, v in batch.items() if k not in self.host_fields}
         raw_batches.check_numeric(device, where)  # every field refused, in one message
         for key, value in device.items():
@@ -239,8 +258,11 @@ class WrappedSource:
         size = self._batch_size
         if rows > size:
             raise ValueError(
-                f"{where} has {rows} rows, more than batch_size {size}; pass the "
-                f"loader's real batch size as batch_size="
+                f"{where} has {rows} rows, more than batch_size {size}; pass the largest "
+                f"batch the loader makes as batch_size= (for batches of several sizes, "
+                f"e.g. tf.data's bucket_by_sequence_length, the largest of its "
+                f"bucket_batch_sizes): a smaller batch gets padding rows, False in "
+                f"{MASK_KEY!r}"
             )
         if rows < size:
             if self.drop_remainder:
@@ -252,12 +274,20 @@ class WrappedSource:
             self._spec, self._spec_from = self._spec_of(batch), where
         elif not self._matches_spec(batch):
             raw_batches.raise_mismatch(self._spec, self._spec_of(batch), where, self._spec_from)
+        self._report.add(batch, list(self._pad_to), rows, size)
         return batch, rows
 
     def _spec_of(self, batch: Batch) -> dict[str, ArraySpec]:
         return {
-            k: ArraySpec(v.shape, v.dtype) for k, v in batch.items() if k not in self.host_fields
+            k: ArraySpec(self._longest(k, v.shape), v.dtype)
+            for k, v in batch.items()
+            if k not in self.host_fields
         }
+
+    def _longest(self, key: str, shape: tuple[int, ...]) -> tuple[int, ...]:
+        """``shape`` with a bucketed field's last axis at its longest length."""
+        lengths = self._bucketed.get(key)
+        return shape if lengths is None else (*shape[:-1], lengths[-1])
 
     def _matches_spec(self, batch: Batch) -> bool:
         # Per batch, so field by field without building a new spec.
@@ -268,7 +298,7 @@ class WrappedSource:
             if spec is None:
                 if key not in self.host_fields:
                     return False
-            elif value.shape != spec.shape or value.dtype != spec.dtype:
+            elif self._longest(key, value.shape) != spec.shape or value.dtype != spec.dtype:
                 return False
         return True
 
@@ -313,6 +343,7 @@ class _WithoutDataState:
     num_batches = property(lambda self: self._source.num_batches)
     element_spec = property(lambda self: self._source.element_spec)
     host_fields = property(lambda self: self._source.host_fields)
+    padding_report = property(lambda self: self._source.padding_report)
 
     def iter_epoch(self, epoch: int = 0, *, start: int = 0) -> Iterator[Batch]:
         return self._source._iter_epoch(epoch, start, keep_state=False)
@@ -342,7 +373,7 @@ def wrap(
     process_count: int | None = None,
     steps_per_epoch: int | None = None,
     host_fields: Sequence[str] = (),
-    pad_to: Mapping[str, int] | None = None,
+    pad_to: Mapping[str, int | Sequence[int]] | None = None,
     resume: str | None = None,
     **options: Any,
 ) -> BatchSource:
@@ -389,7 +420,9 @@ def wrap(
         device, not in ``element_spec`` but in the source's ``host_fields``.
       pad_to: ``{name: length}``: right-pads that leaf's last axis with zeros
         to ``length`` (rows of different lengths become one array); a longer
-        row is refused.
+        row is refused. ``{name: (32, 64, 128)}`` pads each batch to the
+        shortest of those lengths that holds its rows (fields given the same
+        lengths share it); ``padding_report()`` says what padding cost.
       resume: ``"replay"`` says a callable or custom re-iterable yields the
         same batches every time, so it may restart mid-epoch by reading them
         again (docs/resuming.md); None refuses that.
