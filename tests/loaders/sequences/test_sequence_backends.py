@@ -12,10 +12,10 @@ LAYOUTS = {"pad": {"pad": 64}, "bucket": {"bucket": (16, 32, 64)}, "pack": {"pac
 # processes (one layout there: the workers read values the same way for all three).
 RUNS = [
     ("torch", {}, tuple(LAYOUTS)),
-    ("torch", {"num_workers": 2}, ("bucket",)),
+    pytest.param("torch", {"num_workers": 2}, ("bucket",), marks=pytest.mark.slow),
     ("tf", {}, tuple(LAYOUTS)),
     ("grain", {}, tuple(LAYOUTS)),
-    ("grain", {"num_workers": 2}, ("pack",)),
+    pytest.param("grain", {"num_workers": 2}, ("pack",), marks=pytest.mark.slow),
     ("hf", {}, tuple(LAYOUTS)),
 ]
 
