@@ -84,42 +84,65 @@ class Planner:
         ``segment_ids`` and ``positions`` (flat, every place), ``row`` (each
         batch row's first row; 0 when empty) and ``mask`` (``B`` a batch),
         ``starts`` and ``reads``: where each batch's places and values begin."""
-        s = self.sampler
-        b = s.batch_size
-        ks = np.arange(batches.start, batches.stop)
-        length = plan.batch_length[ks]
-        slots = (ks * s.global_batch_size + s.process_index * b)[:, None] + np.arange(b)
-        slots = slots.reshape(-1)
-        firsts = plan.slot_pieces[slots]
-        counts = plan.slot_pieces[slots + 1] - firsts
-        before = np.cumsum(counts) - counts  # pieces of earlier slots, here
-        piece = np.repeat(firsts - before, counts) + np.arange(int(counts.sum()))
+        b = self.sampler.batch_size
+        length = plan.batch_length[batches.start : batches.stop]
+        firsts, counts, piece = self._pieces(plan, batches)
         size = plan.size[piece]
         starts = np.concatenate([[0], np.cumsum(length * b)])
-        slot_place = np.repeat(starts[:-1], b) + np.tile(np.arange(b), len(ks)) * np.repeat(
+        slot_place = np.repeat(starts[:-1], b) + np.tile(np.arange(b), len(length)) * np.repeat(
             length, b
         )
-        total = int(size.sum())
-        within = np.arange(total) - np.repeat(np.cumsum(size) - size, size)
+        within = _within(size)
         place = np.repeat(np.repeat(slot_place, counts) + plan.offset[piece], size) + within
-        index = np.repeat(self.offsets[plan.row[piece]] + plan.start[piece], size) + within
         segment = np.zeros(int(starts[-1]), np.int32)
-        segment[place] = np.repeat(np.arange(len(piece)) - np.repeat(before, counts) + 1, size)
+        ordinal = np.arange(len(piece)) - np.repeat(np.cumsum(counts) - counts, counts) + 1
+        segment[place] = np.repeat(ordinal, size)
         positions = np.zeros(len(segment), np.int32)
         positions[place] = within
-        row = np.zeros(len(slots), np.int64)
-        held = counts > 0
-        row[held] = plan.row[firsts[held]]
         return {
-            "index": index,
+            "index": self._values_of(plan, piece, size, within),
             "place": place,
             SEGMENT_IDS: segment,
             POSITIONS: positions,
-            "row": row,
-            MASK_KEY: held,
+            "row": self._first_rows(plan, firsts, counts),
+            MASK_KEY: counts > 0,
             "starts": starts,
             "reads": np.concatenate([[0], np.cumsum(self.real_values(plan, batches))]),
         }
+
+    def reads(self, plan: EpochPlan, batches: range, rows: bool) -> np.ndarray:
+        """What a backend reads for ``batches``: the values' indices (or, with
+        ``rows``, each batch row's row), without the places."""
+        firsts, counts, piece = self._pieces(plan, batches)
+        if rows:
+            return self._first_rows(plan, firsts, counts)
+        size = plan.size[piece]
+        return self._values_of(plan, piece, size, _within(size))
+
+    def _pieces(self, plan: EpochPlan, batches: range) -> tuple[np.ndarray, ...]:
+        """Each of this process's slots of ``batches``: its first piece and
+        its count; and the pieces, in slot order."""
+        s = self.sampler
+        ks = np.arange(batches.start, batches.stop)
+        first = ks * s.global_batch_size + s.process_index * s.batch_size
+        slots = (first[:, None] + np.arange(s.batch_size)).reshape(-1)
+        firsts = plan.slot_pieces[slots]
+        counts = plan.slot_pieces[slots + 1] - firsts
+        piece = np.repeat(firsts - (np.cumsum(counts) - counts), counts) + np.arange(
+            int(counts.sum())
+        )
+        return firsts, counts, piece
+
+    def _values_of(
+        self, plan: EpochPlan, piece: np.ndarray, size: np.ndarray, within: np.ndarray
+    ) -> np.ndarray:
+        return np.repeat(self.offsets[plan.row[piece]] + plan.start[piece], size) + within
+
+    @staticmethod
+    def _first_rows(plan: EpochPlan, firsts: np.ndarray, counts: np.ndarray) -> np.ndarray:
+        row = np.zeros(len(firsts), np.int64)
+        row[counts > 0] = plan.row[firsts[counts > 0]]
+        return row
 
     def real_values(self, plan: EpochPlan, batches: range) -> np.ndarray:
         """The values this process reads for each of ``batches`` (its pieces' sizes)."""
@@ -130,6 +153,11 @@ class Planner:
         )
         ends = plan.value_ends()
         return ends[plan.slot_pieces[first + s.batch_size]] - ends[plan.slot_pieces[first]]
+
+
+def _within(size: np.ndarray) -> np.ndarray:
+    """0, 1, ... within each run of ``size`` values, the runs back to back."""
+    return np.arange(int(size.sum())) - np.repeat(np.cumsum(size) - size, size)
 
 
 class ChunkReads:
@@ -156,8 +184,7 @@ class ChunkReads:
 
     def stream(self, epoch: int, batches: range) -> np.ndarray:
         """The indices this process reads for ``batches`` of ``epoch``, back to back."""
-        layouts = self.planner.layouts(self.planner.plan(epoch), batches)
-        return layouts["row" if self.rows else "index"]
+        return self.planner.reads(self.planner.plan(epoch), batches, self.rows)
 
     def epoch_plan(self, epoch: int, start: int = 0) -> Iterator[tuple[np.ndarray, int]]:
         epoch, start = self.check_position(epoch, start)
