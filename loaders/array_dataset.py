@@ -169,14 +169,29 @@ class ArrayDataset(Mapping[str, np.ndarray]):
         if self._arrays is None:
             with self._building:
                 if self._arrays is None:
-                    self._arrays = self._built()
+                    self._arrays = self._built(sequences=False).arrays
         return self._arrays
 
-    def _built(self) -> Mapping[str, np.ndarray | BytesField]:
-        built = ArrayDataset(self.name, self._build())
+    def with_fields(self) -> ArrayDataset:
+        """This dataset as one that holds its fields: itself, or a `deferred`
+        one's built, each as its files hold it. Row 0, which a deferred one is
+        made from, cannot tell a field whose rows differ in length, which the
+        built one holds as a `RaggedField` (what ``pad=``/``pack=`` plan)."""
+        if self._build is None:
+            return self
+        return self._built(sequences=True)
+
+    def _built(self, sequences: bool) -> ArrayDataset:
+        built = ArrayDataset(
+            self.name, self._build(), self.transform, classes=self.classes, units=self.units
+        )
+        ragged = [key for key in built.ragged_fields() if key not in self.ragged_fields()]
+        if ragged and not sequences:
+            raise ValueError(found_ragged(self.name, ragged))
         same = list(built.head) == list(self.head) and len(built) == self._rows
         if not same or any(
-            built.head[key].dtype != want.dtype or built.head[key].shape != want.shape
+            built.head[key].dtype != want.dtype
+            or (built.head[key].shape != want.shape and key not in ragged)
             for key, want in self.head.items()
         ):
             raise ValueError(
@@ -184,7 +199,7 @@ class ArrayDataset(Mapping[str, np.ndarray]):
                 f"{self._rows} rows of {self!r} they held when it was made: a file changed; "
                 "make the source again"
             )
-        return built.arrays
+        return built
 
     def __getitem__(self, key: str) -> np.ndarray | BytesField:
         return self.arrays[key]
@@ -223,6 +238,16 @@ class ArrayDataset(Mapping[str, np.ndarray]):
     def bytes_fields(self) -> list[str]:
         """The fields of encoded bytes, which only a transform can feed a device."""
         return [key for key, array in self.head.items() if isinstance(array, BytesField)]
+
+
+def found_ragged(dataset: str, fields: Sequence[str]) -> str:
+    """What to say of ``fields`` of a dataset read from files that turn out to
+    hold rows of different lengths, where its row 0 alone had been read."""
+    return (
+        f"dataset {dataset}: field(s) {list(fields)} hold rows of different lengths (row 0 "
+        "alone was read when it was made); pass pad=L, bucket=(64, 128, ...) or pack=L to "
+        "make to batch them (docs/sequences.md); dataset.with_fields() holds them as read"
+    )
 
 
 def _field(dataset: str, key: object, value: object) -> np.ndarray | BytesField:

@@ -26,10 +26,13 @@ def data_record(source: Any, read_from: str) -> dict[str, Any]:
     was read from (named in a refusal, never compared)."""
     from jaxfeed.loaders.bytes_field import BytesField
     from jaxfeed.loaders.data.cache import fingerprint
+    from jaxfeed.loaders.ragged_field import RaggedField
 
     data = source.dataset
     fields = {
-        name: fingerprint(*(array.content() if isinstance(array, BytesField) else (array,)))
+        name: fingerprint(
+            *(array.content() if isinstance(array, BytesField | RaggedField) else (array,))
+        )
         for name, array in data.arrays.items()
     }
     return {"fingerprint": fingerprint(*data.content()), "fields": fields, "read_from": read_from}

@@ -24,10 +24,11 @@ from jaxfeed.loaders._doors.grain import mark_absl_flags_parsed
 from jaxfeed.loaders._doors.tf import import_tfds
 from jaxfeed.loaders._workers.owned_segments import worker_init
 from jaxfeed.loaders._workers.spawn import children_ignore_stop_signals
-from jaxfeed.loaders.array_dataset import ArrayDataset, narrowed
+from jaxfeed.loaders.array_dataset import ArrayDataset, found_ragged, narrowed
 from jaxfeed.loaders.backends.sampled_source import SampledSource
 from jaxfeed.loaders.backends.tfds_store import split_name, store
 from jaxfeed.loaders.protocol import Batch
+from jaxfeed.loaders.ragged_field import RaggedField
 from jaxfeed.loaders.rows import ArrayRows
 from jaxfeed.loaders.sampler import Sampler
 from jaxfeed.loaders.transform import RecordTransform
@@ -109,6 +110,8 @@ class ArrayRecordRows:
         batch = example_batch(named, self._schema)
         out = {}
         for key, array in self._empty.arrays.items():
+            if isinstance(batch[key], RaggedField):  # a VarLen feature: only a plan batches it
+                raise ValueError(found_ragged(self.name, [key]))
             if array.dtype.kind == "O":
                 out[key] = _stack(batch[key], array.dtype)
             else:

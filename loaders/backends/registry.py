@@ -266,6 +266,8 @@ def make(
     check_bool("drop_remainder", drop_remainder)
     layout = as_layout(pad, bucket, pack)
     data = load_dataset(dataset, split, data_dir=data_dir, format=format)
+    if layout is not None:  # the plan needs every row's length: the fields as they are
+        data = data.with_fields()
     transform = data.transform if transform is None else transform
     if layout is not None and transform is not None:
         from jaxfeed.loaders.backends.sequence_source import transformed

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 from jaxfeed.loaders._io.mapped_files import FileRows, file_rows
+from jaxfeed.loaders.ragged_field import RaggedField
 
 __all__ = [
     "MissingSplitError",
@@ -204,16 +205,57 @@ class MissingSplitError(ValueError):
     """A dataset directory holds no data for the split asked for."""
 
 
-def load_npy_directory(directory: Path) -> dict[str, np.ndarray]:
-    """One field per ``<field>.npy`` file, memory-mapped read-only, by name.
+RAGGED_PARTS = ("values", "offsets", "lengths")
+"""A field whose rows differ in length is ``<field>.values.npy`` with
+``<field>.offsets.npy`` (rows + 1, from 0) or ``<field>.lengths.npy`` (one per row)."""
+
+
+def load_npy_directory(directory: Path) -> dict[str, np.ndarray | RaggedField]:
+    """One field per ``<field>.npy`` file, memory-mapped read-only, by name;
+    a `RaggedField` per ``<field>.values.npy`` and its ``<field>.offsets.npy``
+    or ``<field>.lengths.npy`` (`RAGGED_PARTS`), its values read in place.
 
     Raises:
-      ValueError: a file is not a readable ``.npy`` array (the message names it).
+      ValueError: a file is not a readable ``.npy`` array, or a ragged
+        field's parts are missing, doubled or disagree (the message names it).
     """
-    fields = {}
+    fields: dict[str, np.ndarray | RaggedField | None] = {}
+    parts: dict[str, dict[str, Path]] = {}
     for file in sorted(directory.glob("*.npy")):
-        try:
-            fields[file.stem] = np.load(file, mmap_mode="r", allow_pickle=False)
-        except (OSError, ValueError) as err:
-            raise ValueError(f"{file} is not a readable .npy array: {err}") from err
+        field, _, part = file.stem.rpartition(".")
+        if field and part in RAGGED_PARTS:
+            fields.setdefault(field, None)  # its place, in file order, as any field's
+            parts.setdefault(field, {})[part] = file
+        else:
+            fields[file.stem] = _npy(file)
+    for field, files in parts.items():
+        fields[field] = _ragged(directory, field, files)
     return fields
+
+
+def _npy(file: Path) -> np.ndarray:
+    try:
+        return np.load(file, mmap_mode="r", allow_pickle=False)
+    except (OSError, ValueError) as err:
+        raise ValueError(f"{file} is not a readable .npy array: {err}") from err
+
+
+def _ragged(directory: Path, field: str, files: dict[str, Path]) -> RaggedField:
+    """The field of ``<field>.values.npy`` and its offsets or lengths."""
+    bounds = sorted(files.keys() & {"offsets", "lengths"})
+    if "values" not in files or len(bounds) != 1:
+        found = ", ".join(p.name for p in files.values())
+        raise ValueError(
+            f"{directory}: {found} make no ragged field {field!r}: it needs {field}.values.npy "
+            f"and one of {field}.offsets.npy (rows + 1, from 0) or {field}.lengths.npy (one "
+            "per row); add the missing one, or remove the extra"
+        )
+    values, bound = _npy(files["values"]), _npy(files[bounds[0]])
+    if bound.ndim != 1 or bound.dtype.kind not in "iu":
+        raise ValueError(f"{files[bounds[0]]} is {bound.dtype} {bound.shape}, not 1-D integers")
+    try:
+        if bounds[0] == "lengths":
+            return RaggedField.from_lengths(values, bound)
+        return RaggedField(values, bound)
+    except ValueError as err:
+        raise ValueError(f"{files['values']} and {files[bounds[0]].name}: {err}") from None

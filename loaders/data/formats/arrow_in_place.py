@@ -6,9 +6,10 @@ stream format that ``datasets`` writes) holds each column of each record
 batch as buffers at fixed places in the file. A binary or string column (an
 HF ``Image`` struct's ``bytes`` too) becomes a `BytesField` whose rows are
 placed in the mapped files: the index holds each row's length, file and
-first byte (16 bytes a row). Numeric columns (labels, fixed-length lists)
-are copied into the index like the columnar copy's, since their record
-batches' buffers are many pieces, not one array. Each record batch is a unit
+first byte (16 bytes a row). Numeric columns (labels, fixed-length lists,
+and list columns whose rows differ in length: a `RaggedField`'s values and
+offsets) are copied into the index like the columnar copy's, since their
+record batches' buffers are many pieces, not one array. Each record batch is a unit
 of ``shuffle="blocks"``.
 
 A split whose files cannot be read in place (compressed buffers, which
@@ -28,12 +29,14 @@ from pathlib import Path
 import numpy as np
 from jaxfeed.loaders.bytes_field import BytesField
 from jaxfeed.loaders.data.formats import columns, tables
+from jaxfeed.loaders.ragged_field import RaggedField
 
 __all__ = ["LAYOUT_VERSION", "NotInPlace", "open_index", "write_index"]
 
 # Of the index: bumping it stops old indexes from being reused (v2: files whose
 # column types differ are copied, widened, or refused, not wrapped).
-LAYOUT_VERSION = "arrow-index-v2"
+# v3: list columns whose rows differ in length are indexed (a RaggedField), not refused.
+LAYOUT_VERSION = "arrow-index-v3"
 _PLACED = "placed.json"
 _REFUSED = "not-in-place.txt"
 
@@ -153,12 +156,12 @@ def _binary(column):
     return None
 
 
-def _numbers(column, where: str, row: int) -> np.ndarray:
+def _numbers(column, where: str, row: int) -> np.ndarray | RaggedField:
     try:
         values = tables.column_values(column, where, row)
     except ValueError as err:
         raise NotInPlace(str(err)) from None
-    if not isinstance(values, np.ndarray):
+    if not isinstance(values, np.ndarray | RaggedField):
         raise NotInPlace(f"{where}: not numbers")
     return values
 

@@ -1,7 +1,8 @@
 """The columnar copy every format is read through: each field one file in
 jaxfeed's cache, written once by streaming the user's records, then
 memory-mapped: a numeric field as an array of rows, a bytes field as a
-`BytesField` over one data file and its offsets.
+`BytesField` over one data file and its offsets, a field whose rows differ
+in length as a `RaggedField` over one values file and its offsets.
 
 Row ``i`` of every field is then a fixed place on disk, so every backend
 reads every format in the shared sampler's order (random access, exact
@@ -19,6 +20,7 @@ from typing import Any
 
 import numpy as np
 from jaxfeed.loaders.bytes_field import BytesField
+from jaxfeed.loaders.ragged_field import RaggedField
 
 __all__ = [
     "FIELDS_FILE",
@@ -53,7 +55,10 @@ class ColumnWriter:
 
     The first batch fixes each field's kind (bytes, or numbers of one dtype
     and row shape); a later row that differs is refused by field name (a
-    number the first dtype holds exactly, `common_dtype`, is kept).
+    number the first dtype holds exactly, `common_dtype`, is kept). A batch
+    may give a field as a `RaggedField` (rows of different lengths); a field
+    whose earlier rows had one length then becomes ragged too, its rows so
+    far rows of that length (their values are already back to back).
     """
 
     def __init__(self, directory: Path):
@@ -64,8 +69,9 @@ class ColumnWriter:
         self._ends: dict[str, int] = {}
         self._open = contextlib.ExitStack()
 
-    def add(self, batch: dict[str, list[bytes] | np.ndarray]) -> None:
-        """Appends rows: per field a list of ``bytes`` or an array ``[k, *shape]``.
+    def add(self, batch: dict[str, list[bytes] | np.ndarray | RaggedField]) -> None:
+        """Appends rows: per field a list of ``bytes``, an array ``[k, *shape]``
+        or a `RaggedField` of ``k`` rows.
 
         Raises:
           RowError: a field missing, added, or of another kind, dtype or shape
@@ -90,6 +96,12 @@ class ColumnWriter:
                 self._files[name].write(b"".join(values))
                 self._ends[name] = int(ends[-1]) if len(ends) else self._ends[name]
             else:
+                if isinstance(values, RaggedField) or spec["kind"] == "ragged":
+                    values, lengths = self._ragged(name, values)
+                    count = len(lengths)
+                    ends = self._ends[name] + np.cumsum(lengths)
+                    self._files[name + ".offsets"].write(ends.tobytes())
+                    self._ends[name] = int(ends[-1]) if len(ends) else self._ends[name]
                 array = np.asarray(values)
                 if array.dtype.kind not in "biuf":
                     raise RowError(f"field {name!r} holds {array.dtype}, not numbers as before")
@@ -104,13 +116,58 @@ class ColumnWriter:
                         f"field {name!r} has {_values(array.shape[1:])} per row where earlier "
                         f"rows have {_values(spec['shape'])}"
                     )
-                count = len(array)
+                count = len(array) if spec["kind"] == "array" else count
                 self._files[name].write(np.ascontiguousarray(array, dtype).tobytes())
         self.rows += count or 0
 
-    def _start(self, batch: dict[str, list[bytes] | np.ndarray]) -> None:
+    def _ragged(self, name: str, values: np.ndarray | RaggedField) -> tuple[np.ndarray, np.ndarray]:
+        """A ragged field's values and lengths from ``values`` (rows of one
+        length given as an array: ``[k, n, *frame]``, or ``[k]`` for rows of
+        one value, as an Example's one-value feature reads); the field made
+        ragged first if its earlier rows had one length."""
+        spec = self._fields[name]
+        frame = list(values.frame_shape) if isinstance(values, RaggedField) else None
+        if spec["kind"] == "array":  # earlier rows of one length: now ragged
+            shape = spec["shape"]
+            if shape[1:] != frame:
+                raise RowError(
+                    f"field {name!r} has rows of {_values(frame or ())} steps where earlier "
+                    f"rows have {_values(shape)}: rows may differ only in their length"
+                )
+            self._become_ragged(name, shape[0] if shape else 1, frame)
+        if isinstance(values, RaggedField):
+            return values.values, values.lengths
+        array = np.asarray(values)
+        if array.ndim == 1 and not spec["shape"]:
+            return array, np.ones(len(array), np.int64)
+        if array.ndim < 2 or list(array.shape[2:]) != spec["shape"]:
+            raise RowError(
+                f"field {name!r} has {_values(array.shape[1:])} per row where earlier rows "
+                f"have rows of {_values(spec['shape'])} steps"
+            )
+        return array.reshape(-1, *array.shape[2:]), np.full(len(array), array.shape[1], np.int64)
+
+    def _become_ragged(self, name: str, length: int, frame: list[int]) -> None:
+        """An array field's rows so far as ragged rows of ``length`` steps of
+        ``frame``: its file holds their values back to back already."""
+        spec = self._fields[name]
+        spec.update(kind="ragged", shape=frame)
+        offsets = spec["file"].replace(".array", ".offsets")
+        self._files[name + ".offsets"] = self._create(offsets)
+        for start in range(0, self.rows + 1, 1 << 20):
+            stop = min(self.rows + 1, start + (1 << 20))
+            self._files[name + ".offsets"].write((np.arange(start, stop) * length).tobytes())
+        self._ends[name] = self.rows * length
+
+    def _start(self, batch: dict[str, list[bytes] | np.ndarray | RaggedField]) -> None:
         for i, (name, values) in enumerate(batch.items()):
-            if isinstance(values, np.ndarray) and values.dtype.kind in "biuf":
+            if isinstance(values, RaggedField):
+                frame = [*values.frame_shape]
+                spec = {"kind": "ragged", "dtype": values.dtype.str, "shape": frame}
+                self._files[name + ".offsets"] = self._create(f"{i}.offsets")
+                self._files[name + ".offsets"].write(np.zeros(1, np.int64).tobytes())
+                self._ends[name] = 0
+            elif isinstance(values, np.ndarray) and values.dtype.kind in "biuf":
                 spec = {"kind": "array", "dtype": values.dtype.str, "shape": [*values.shape[1:]]}
             else:
                 spec = {"kind": "bytes"}
@@ -147,16 +204,23 @@ def write_columns(
         writer.close(**meta)
 
 
-def open_columns(directory: Path) -> tuple[dict[str, np.ndarray | BytesField], dict[str, Any]]:
+def open_columns(
+    directory: Path,
+) -> tuple[dict[str, np.ndarray | BytesField | RaggedField], dict[str, Any]]:
     """The fields written by `ColumnWriter`, memory-mapped read-only, and the
     description (``rows``, ``fields`` and the meta given to ``close``)."""
     description = json.loads((directory / FIELDS_FILE).read_text())
     rows = description["rows"]
-    fields: dict[str, np.ndarray | BytesField] = {}
+    fields: dict[str, np.ndarray | BytesField | RaggedField] = {}
     for name, spec in description["fields"].items():
         path = directory / spec["file"]
         if spec["kind"] == "array":
             fields[name] = _mapped(path, np.dtype(spec["dtype"]), (rows, *spec["shape"]))
+        elif spec["kind"] == "ragged":
+            offsets = _mapped(path.with_suffix(".offsets"), np.dtype(np.int64), (rows + 1,))
+            total = int(offsets[-1])
+            values = _mapped(path, np.dtype(spec["dtype"]), (total, *spec["shape"]))
+            fields[name] = RaggedField(values, offsets)
         else:
             offsets = _mapped(path.with_suffix(".offsets"), np.dtype(np.int64), (rows + 1,))
             fields[name] = BytesField(offsets, _mapped(path, np.dtype(np.uint8), (-1,)))

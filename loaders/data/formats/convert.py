@@ -1,6 +1,9 @@
 """``jaxfeed convert``: a dataset's splits rewritten as Parquet shards,
 ArrayRecord shards of ``tf.train.Example`` records (the TFDS convention, what
-Grain reads) or ``.npy`` fields, for random access at disk speed.
+Grain reads) or ``.npy`` fields, for random access at disk speed. A field
+whose rows differ in length (a `RaggedField`) becomes a Parquet list column,
+a variable-length Example feature, or a ``<field>.values.npy`` and
+``<field>.offsets.npy`` pair.
 
 The source is read through its columnar copy (`jaxfeed.loaders.data.formats`),
 so memory stays bounded by one shard. The output is built in a directory
@@ -27,6 +30,7 @@ import numpy as np
 from jaxfeed.loaders.array_dataset import ArrayDataset
 from jaxfeed.loaders.bytes_field import BytesField
 from jaxfeed.loaders.checks import check_bool
+from jaxfeed.loaders.ragged_field import RaggedField
 
 __all__ = ["TARGETS", "convert"]
 
@@ -58,7 +62,9 @@ def convert(
 
     Raises:
       ValueError: an unknown target or ``rows_per_shard`` below 1; ``npy`` for
-        a bytes field (``.npy`` holds numbers: convert to Parquet instead); no
+        a bytes field (``.npy`` holds numbers: convert to Parquet instead);
+        ``arrayrecord`` for a ragged field of frames (an Example has no
+        shapes: convert to Parquet or ``npy`` instead); no
         split at all; a destination that is, holds or lies inside the source,
         that holds files no conversion wrote, or another conversion without
         ``overwrite=True``.
@@ -80,7 +86,7 @@ def convert(
     written: list[Path] = []
     for split in SPLITS:
         try:
-            data = load_dataset(os.fspath(source), split, format=format)
+            data = load_dataset(os.fspath(source), split, format=format).with_fields()
         except MissingSplitError:
             continue
         directory = work / split
@@ -243,6 +249,13 @@ def _arrayrecord(data: ArrayDataset, directory: Path, rows: int, progress) -> li
     from array_record.python.array_record_module import ArrayRecordWriter
     from jaxfeed.loaders.data.formats.example import serialize_examples
 
+    framed = [k for k in data.ragged_fields() if data.arrays[k].frame_shape]
+    if framed:
+        raise ValueError(
+            f"{data.name}: field(s) {framed} hold rows of frames of different lengths, which "
+            "an Example cannot (it has no shapes: the frames would read back as one flat "
+            "row); convert to parquet or npy instead (to='parquet')"
+        )
     options = "group_size:1,uncompressed" if data.bytes_fields() else "group_size:1"
     total = sum(
         f.data.nbytes if isinstance(f, BytesField) else f.nbytes for f in data.arrays.values()
@@ -258,7 +271,12 @@ def _arrayrecord(data: ArrayDataset, directory: Path, rows: int, progress) -> li
             try:
                 for start in range(shard * rows, min(len(data), (shard + 1) * rows), step):
                     part = np.arange(start, min(len(data), (shard + 1) * rows, start + step))
-                    columns = {name: field[part] for name, field in data.arrays.items()}
+                    columns = {  # a ragged field's slice: its values and offsets, no row objects
+                        name: field[part[0] : part[-1] + 1]
+                        if isinstance(field, RaggedField)
+                        else field[part]
+                        for name, field in data.arrays.items()
+                    }
                     for record in serialize_examples(columns):
                         writer.write(record)
             finally:
@@ -271,8 +289,16 @@ def _arrayrecord(data: ArrayDataset, directory: Path, rows: int, progress) -> li
     return out
 
 
-def _arrow(field: np.ndarray | BytesField, part: slice):
+def _arrow(field: np.ndarray | BytesField | RaggedField, part: slice):
     import pyarrow as pa
+
+    if isinstance(field, RaggedField):  # a list column of its rows (of frames: fixed lists)
+        rows = field[part]
+        large = len(rows.values) >= 1 << 31
+        offsets = pa.array(rows.offsets, pa.int64() if large else pa.int32())
+        values = _arrow(np.ascontiguousarray(rows.values), slice(None))
+        kind = pa.LargeListArray if large else pa.ListArray
+        return kind.from_arrays(offsets, values)
 
     if isinstance(field, BytesField):
         rows = field[part]  # a BytesField: its offsets and data, not a bytes object per row
@@ -297,16 +323,24 @@ def _npy(data: ArrayDataset, directory: Path, rows: int, progress) -> list[Path]
         )
     out = []
     for name, field in data.arrays.items():
-        final = directory / f"{name}.npy"
-        if not final.exists():
-            partial = directory / f".{name}.npy.partial"
-            copy = np.lib.format.open_memmap(partial, "w+", field.dtype, field.shape)
-            step = max(1, _COPY_BYTES // max(1, field[:1].nbytes))
-            for start in range(0, len(field), step):
-                copy[start : start + step] = field[start : start + step]
-            copy.flush()
-            del copy
-            _finish(partial, final)
-        out.append(final)
-        progress(f"{final.name} ({len(field)} rows)")
+        parts = {"": field}  # a ragged field: <name>.values.npy and <name>.offsets.npy
+        if isinstance(field, RaggedField):
+            parts = {".values": field.values, ".offsets": field.offsets}
+        finals = [directory / f"{name}{suffix}.npy" for suffix in parts]
+        for final, array in zip(finals, parts.values(), strict=True):
+            if not final.exists():
+                _npy_copy(array, directory / f".{final.name}.partial")
+                _finish(directory / f".{final.name}.partial", final)
+        out += finals
+        progress(f"{', '.join(final.name for final in finals)} ({len(field)} rows)")
     return out
+
+
+def _npy_copy(array: np.ndarray, partial: Path) -> None:
+    """``array`` into a new ``.npy`` file, a bounded chunk at a time."""
+    copy = np.lib.format.open_memmap(partial, "w+", array.dtype, array.shape)
+    step = max(1, _COPY_BYTES // max(1, array[:1].nbytes))
+    for start in range(0, len(array), step):
+        copy[start : start + step] = array[start : start + step]
+    copy.flush()
+    del copy

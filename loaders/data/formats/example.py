@@ -10,9 +10,11 @@ users all write.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Iterator, Sequence
 
 import numpy as np
+from jaxfeed.loaders.ragged_field import RaggedField
 
 __all__ = [
     "Feature",
@@ -140,7 +142,10 @@ def _fields(buf: bytes, start: int, end: int) -> Iterator[tuple[int, int, int, i
 def example_batches(records: Iterable[Record], batch_rows: int = 1024) -> Iterator[dict]:
     """Batches of rows (`ColumnWriter` input) from serialized Examples: a
     ``bytes`` feature of one value is a bytes field, an int64 or float
-    feature of ``k`` values an array of ``k`` per row (a scalar for 1).
+    feature of ``k`` values an array of ``k`` per row (a scalar for 1), and
+    one whose records hold different numbers of values (a ``VarLenFeature``:
+    token ids) a `RaggedField` in a batch where they differ (`ColumnWriter`
+    makes the whole field ragged then).
 
     Each batch is read by `_fast_batch` when its records are laid out as
     writers lay them out (the features in the first record's order, packed
@@ -148,8 +153,8 @@ def example_batches(records: Iterable[Record], batch_rows: int = 1024) -> Iterat
 
     Raises:
       ValueError: a record that is not an Example, or a feature that is
-        missing, variable-length or holds several bytes values; the message
-        names the feature, the record and its file.
+        missing, of another kind, or holds other than one bytes value; the
+        message names the feature, the record and its file.
     """
     schema: dict[str, tuple[str, int]] | None = None
     pending: list[Record] = []
@@ -237,32 +242,42 @@ def _fast_batch(records: list[Record], schema: dict[str, tuple[str, int]]) -> di
             batch[name] = payloads
             continue
         if kind == "float":
-            if any(len(p) != 4 * length for p in payloads):
+            counts = np.fromiter(map(len, payloads), np.int64, len(payloads))
+            if np.any(counts % 4):
                 return None
             values = np.frombuffer(b"".join(payloads), "<f4").astype(np.float32, copy=False)
+            counts //= 4
         else:
-            values = _packed_varints(payloads, length)
-            if values is None:
+            decoded = _packed_varints(payloads)
+            if decoded is None:
                 return None
-        values = values.reshape(len(payloads), length)
-        batch[name] = values[:, 0] if length == 1 else values
+            values, counts = decoded
+        batch[name] = _numbers(values, counts, length)
     return batch
 
 
-def _packed_varints(payloads: list[bytes], length: int) -> np.ndarray | None:
-    """Each payload's ``length`` packed varints as int64 (ten-byte two's
-    complement for negatives), all decoded at once; None when a payload
-    holds another number of values or a malformed varint."""
+def _numbers(values: np.ndarray, counts: np.ndarray, length: int) -> np.ndarray | RaggedField:
+    """A number feature's batch: ``[k, length]`` (``[k]`` for one value) when
+    every record holds the first record's ``length`` values, else ragged."""
+    if np.any(counts != length):
+        return RaggedField.from_lengths(values, counts)
+    values = values.reshape(len(counts), length)
+    return values[:, 0] if length == 1 else values
+
+
+def _packed_varints(payloads: list[bytes]) -> tuple[np.ndarray, np.ndarray] | None:
+    """The payloads' packed varints as int64 (ten-byte two's complement for
+    negatives), all decoded at once, and each payload's count of them; None
+    when a payload holds a malformed varint."""
     data = np.frombuffer(b"".join(payloads), np.uint8)
     sizes = np.fromiter(map(len, payloads), np.int64, len(payloads))
     ends = data < 0x80  # the last byte of each varint
-    if np.all(sizes == length) and np.all(ends):  # one byte each: small numbers, the common case
-        return data.astype(np.int64)
+    if np.all(ends):  # one byte each: small numbers, the common case
+        return data.astype(np.int64), sizes
     bounds = np.cumsum(sizes)
     if np.any(sizes == 0) or not np.all(ends[bounds - 1]):
         return None
-    if np.any(np.add.reduceat(ends.astype(np.int64), bounds - sizes) != length):
-        return None
+    counts = np.add.reduceat(ends.astype(np.int64), bounds - sizes)
     last = np.flatnonzero(ends)
     first = np.concatenate(([0], last[:-1] + 1))
     # Over ten bytes, or a tenth byte beyond bit 63: the record-by-record path refuses it.
@@ -270,7 +285,7 @@ def _packed_varints(payloads: list[bytes], length: int) -> np.ndarray | None:
         return None
     position = np.arange(len(data)) - np.repeat(first, last - first + 1)
     parts = (data & 0x7F).astype(np.uint64) << (7 * position).astype(np.uint64)
-    return np.bitwise_or.reduceat(parts, first).view(np.int64)
+    return np.bitwise_or.reduceat(parts, first).view(np.int64), counts
 
 
 def _scan(buf: bytes) -> tuple[tuple[tuple[bytes, int], ...], list[bytes]] | None:
@@ -331,7 +346,7 @@ def _scan(buf: bytes) -> tuple[tuple[tuple[bytes, int], ...], list[bytes]] | Non
 
 
 def _check_first(where: str, name: str, kind: str, length: int) -> None:
-    if kind == "none" or not length:
+    if kind == "none" or (kind == "bytes" and not length):
         raise ValueError(
             f"{where}: feature {name!r} holds no values; jaxfeed reads features of a fixed "
             "length in every record; write a value in every record, or leave the feature out"
@@ -358,12 +373,11 @@ def _check_same(where: str, schema: dict[str, tuple[str, int]], features: dict) 
                 "int64 read as float, or a float as int64, would change values); write it "
                 "as one kind in every file"
             )
-        if got_kind != kind or len(values) != length:
+        if kind == "bytes" and (got_kind != kind or len(values) != length):
             raise ValueError(
                 f"{where}: feature {name!r} holds {len(values)} {got_kind} values where the "
-                f"first record holds {length} {kind}: jaxfeed reads fixed-length features "
-                "only (one row shape per field); pad it to one length when writing, or "
-                "store it as one bytes value and decode it in transform="
+                f"first record holds {length} {kind}: a bytes feature is one value per record "
+                "(an encoded image, a serialized tensor); write one in every record"
             )
     extra = sorted(features.keys() - schema.keys())
     if extra:
@@ -378,9 +392,11 @@ def _batch(rows: list[dict[str, Feature]], schema: dict[str, tuple[str, int]]) -
     for name, (kind, length) in schema.items():
         if kind == "bytes":
             batch[name] = [row[name][1][0] for row in rows]
-        else:
-            values = np.stack([row[name][1] for row in rows])
-            batch[name] = values[:, 0] if length == 1 else values
+        else:  # a record without the list ("none") holds none of its values
+            dtype = np.float32 if kind == "float" else np.int64
+            parts = [np.asarray(row[name][1], dtype) for row in rows]
+            counts = np.fromiter(map(len, parts), np.int64, len(parts))
+            batch[name] = _numbers(np.concatenate(parts), counts, length)
     return batch
 
 
@@ -407,16 +423,24 @@ def serialize_example(row: dict[str, bytes | np.ndarray]) -> bytes:
     return _length_field(1, b"".join(entries))
 
 
-def serialize_examples(columns: dict[str, Sequence[bytes] | np.ndarray]) -> list[bytes]:
+def serialize_examples(
+    columns: dict[str, Sequence[bytes] | np.ndarray | RaggedField],
+) -> list[bytes]:
     """`serialize_example` of each row of ``columns`` (per field a sequence
-    of ``bytes`` or an array ``[rows, *shape]``), the same bytes, made a
+    of ``bytes``, an array ``[rows, *shape]`` or a `RaggedField`, whose rows
+    become number lists of their lengths), the same bytes, made a
     batch at a time: the numbers of a field encoded at once, and each
     feature's framing (its name and the lengths around its values) built
     once per value length, not per row."""
     fields = []
     for name, values in columns.items():
-        if isinstance(values, np.ndarray) and values.dtype.kind in "biuf":
-            payloads = _number_payloads(values)
+        if isinstance(values, RaggedField):
+            frame = int(np.prod(values.frame_shape))
+            payloads = _number_payloads(values.values.reshape(-1), values.lengths * frame)
+            number = 2 if values.dtype.kind == "f" else 3
+        elif isinstance(values, np.ndarray) and values.dtype.kind in "biuf":
+            flat = values.reshape(len(values), -1)
+            payloads = _number_payloads(flat.reshape(-1), np.full(len(values), flat.shape[1]))
             number = 2 if values.dtype.kind == "f" else 3
         else:
             payloads, number = [bytes(v) for v in values], 1
@@ -454,16 +478,16 @@ class _Framing:
         return framing
 
 
-def _number_payloads(values: np.ndarray) -> list[bytes]:
-    """Each row's packed values: float32 little-endian, or (integers and
-    booleans) varints of the two's complement uint64."""
-    rows = len(values)
-    flat = values.reshape(rows, -1)
+def _number_payloads(values: np.ndarray, counts: np.ndarray) -> list[bytes]:
+    """Each row's packed values (``values``: the rows' back to back, ``counts``
+    of them each): float32 little-endian, or (integers and booleans) varints
+    of the two's complement uint64."""
+    bounds = np.concatenate(([0], np.cumsum(counts)))  # each row's first value, and the end
     if values.dtype.kind == "f":
-        blob, width = flat.astype("<f4").tobytes(), 4 * flat.shape[1]
-        return [blob[i * width : (i + 1) * width] for i in range(rows)]
-    numbers = flat.astype(np.uint64) if values.dtype.kind == "u" else flat.astype(np.int64)
-    numbers = numbers.view(np.uint64).reshape(-1)
+        blob, ends = values.astype("<f4").tobytes(), (4 * bounds).tolist()
+        return [blob[start:end] for start, end in itertools.pairwise(ends)]
+    numbers = values.astype(np.uint64) if values.dtype.kind == "u" else values.astype(np.int64)
+    numbers = numbers.view(np.uint64)
     sizes = np.ones(len(numbers), np.int64)  # bytes per varint: one per 7 bits, at least one
     for shift in range(7, 64, 7):
         sizes += numbers >= np.uint64(1 << shift)
@@ -475,9 +499,9 @@ def _number_payloads(values: np.ndarray) -> list[bytes]:
         encoded[starts[has] + byte] = digits | np.where(sizes[has] > byte + 1, 0x80, 0).astype(
             np.uint8
         )
-    ends = np.cumsum(sizes.reshape(rows, -1).sum(axis=1)).tolist()
+    ends = np.concatenate(([0], np.cumsum(sizes)))[bounds].tolist()  # each row's bytes
     blob = encoded.tobytes()
-    return [blob[start:end] for start, end in zip([0, *ends[:-1]], ends, strict=True)]
+    return [blob[start:end] for start, end in itertools.pairwise(ends)]
 
 
 _U64 = (1 << 64) - 1

@@ -4,10 +4,12 @@
 Columns are fields: a numeric column an array, a binary or string column a
 bytes field (an HF ``Image`` column, a struct holding ``bytes``, too), a
 fixed-size list column (or a list column whose rows all have one length) an
-array of that length per row. Nulls and variable-length lists are refused
-by column, row and file. A column whose type differs between a split's files
-is read in the one type that holds every file's values exactly
-(`common_types`), or refused naming both files.
+array of that length per row, a list column whose rows differ in length
+(``list`` or ``large_list`` of numbers, or of fixed-size lists of them: the
+frames) a `RaggedField`. Nulls, lists of variable-length lists and empty
+fixed-length lists are refused by column, row and file. A column whose type
+differs between a split's files is read in the one type that holds every
+file's values exactly (`common_types`), or refused naming both files.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 from jaxfeed.loaders.data.formats.columns import common_dtype
+from jaxfeed.loaders.ragged_field import RaggedField
 
 __all__ = ["ARROW_MAGIC", "PARQUET_MAGIC", "column_values", "common_types", "table_batches"]
 
@@ -164,7 +167,9 @@ def table_batches(
         raise _unreadable(path, kind, err) from None
 
 
-def column_values(column, where: str, row: int, width: int = 1) -> list[bytes] | np.ndarray:
+def column_values(
+    column, where: str, row: int, width: int = 1
+) -> list[bytes] | np.ndarray | RaggedField:
     """One Arrow column's values as a field holds them (`ColumnWriter` input):
     bytes rows or an array; one it cannot hold is refused naming ``where`` and
     the row of the file (``row``: the file's row that ``column`` starts at;
@@ -195,17 +200,20 @@ def column_values(column, where: str, row: int, width: int = 1) -> list[bytes] |
     )
 
 
-def _lists(column, where: str, row: int, width: int) -> np.ndarray:
+def _lists(column, where: str, row: int, width: int) -> np.ndarray | RaggedField:
     import pyarrow as pa
 
     sizes = np.asarray(column.value_lengths())
     differ = np.flatnonzero(sizes != sizes[0]) if len(sizes) else sizes
+    if len(differ) and width == 1 and not pa.types.is_fixed_size_list(column.type):
+        return _ragged(column, sizes, where, row)
     if len(differ) or (len(sizes) and sizes[0] == 0):
         bad = int(differ[0]) if len(differ) else 0
         raise ValueError(
             f"{where}, row {row + bad // width} holds {sizes[bad]} values where row {row} holds "
-            f"{sizes[0]}: jaxfeed reads fixed-length lists only (one row shape per field); "
-            "pad them to one length, or store them as bytes and decode them in transform="
+            f"{sizes[0]}: jaxfeed reads a column's rows as fixed-shape steps, so only the "
+            "outer list may vary in length; pad the inner lists to one length, or store "
+            "them as bytes and decode them in transform="
         )
     flat = column.flatten()
     if isinstance(flat, pa.ChunkedArray):
@@ -214,3 +222,37 @@ def _lists(column, where: str, row: int, width: int) -> np.ndarray:
     if not isinstance(inner, np.ndarray):
         raise ValueError(f"{where} is a list of {flat.type}; lists of numbers only")
     return inner.reshape(len(column), -1, *inner.shape[1:]) if len(column) else inner
+
+
+def _ragged(column, sizes: np.ndarray, where: str, row: int) -> RaggedField:
+    """A list column whose rows differ in length: its values (numbers, or
+    fixed-size lists of them) back to back, and each row's length. A null
+    among the values is named by its row (``row``: the file's row the column
+    starts at)."""
+    import pyarrow as pa
+
+    flat = column.flatten()
+    if isinstance(flat, pa.ChunkedArray):
+        flat = flat.combine_chunks()
+    ends = np.cumsum(sizes)
+    level, per = flat, 1  # each level's items per value of the list
+    while True:
+        if level.null_count:
+            first = np.flatnonzero(~level.is_valid().to_numpy(zero_copy_only=False))[0]
+            bad = int(np.searchsorted(ends, first // per, side="right"))
+            raise ValueError(
+                f"{where}, row {row + bad} of the file holds a null in its list: every field "
+                "needs a value in every row; fill the nulls, or leave the column out"
+            )
+        if not pa.types.is_fixed_size_list(level.type):
+            break
+        per *= level.type.list_size
+        level = level.flatten()
+    values = column_values(flat, where, row)
+    if not isinstance(values, np.ndarray):
+        raise ValueError(
+            f"{where} is a list of {flat.type}: jaxfeed reads lists of numbers, or of "
+            "fixed-size lists of numbers, whose rows differ in length; convert it, or leave "
+            "the column out"
+        )
+    return RaggedField.from_lengths(values, sizes)

@@ -9,6 +9,7 @@ import struct
 import numpy as np
 import pytest
 from jaxfeed.loaders.data.formats import example, imagefolder, tfrecord
+from jaxfeed.loaders.ragged_field import RaggedField
 
 from jaxfeed import loaders
 
@@ -160,11 +161,22 @@ def test_examples_read_a_batch_at_a_time_match_record_by_record_and_name_a_bad_o
     assert example._fast_batch(records, schema) is None
     (got,) = example.example_batches(records)
     np.testing.assert_array_equal(got["label"], columns["label"])
-    # One holding three values where the others hold two: named, whichever path reads it.
+    # One holding three values where the others hold two: a ragged field, whichever path reads it.
     row = {k: columns[k][7] for k in columns} | {"unsigned": np.arange(3, dtype=np.uint64)}
     records[7] = ("f.tfrecord", 7, example.serialize_example(row))
-    with pytest.raises(ValueError, match=r"f\.tfrecord, record 7: feature 'unsigned' holds 3"):
-        list(example.example_batches(records))
+    fast, checked = (
+        example._fast_batch(records[6:], schema),
+        example._checked_batch(records[6:], schema),
+    )
+    for got in (
+        fast["unsigned"],
+        checked["unsigned"],
+        example.example_batch(records, schema)["unsigned"][6:],
+    ):
+        assert isinstance(got, RaggedField)
+        np.testing.assert_array_equal(got.lengths, [2, 3] + [2] * 32)
+        np.testing.assert_array_equal(got[1], np.arange(3))
+        np.testing.assert_array_equal(got[2].view(np.uint64), columns["unsigned"][8])
 
 
 def test_image_files_are_read_whole_small_and_large(tmp_path):
