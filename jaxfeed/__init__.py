@@ -22,6 +22,7 @@ JAX and of every loader framework.
 
 - `training`: `fit`, checkpoints, signals.
 - `mnist`: the example model.
+- `textlm`: the second example, a Transformer LM on packed text.
 - `nnx`: Flax NNX steps in `fit`.
 - `keras`: `keras_data`, any `BatchSource` for Keras 3's ``model.fit``.
 - `compare`: ``jaxfeed compare``.
@@ -39,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 # Each name has one spelling: jaxfeed.make is jaxfeed.loaders.make.
 _PACKAGES = ("jaxfeed.loaders", "jaxfeed.training", "jaxfeed.sharding")
 _LIBRARY = {"keras_data": "jaxfeed.keras"}
-_SUBPACKAGES = ("loaders", "sharding", "mnist", "nnx")
+_SUBPACKAGES = ("loaders", "sharding", "mnist", "nnx", "textlm")
 
 if TYPE_CHECKING:  # what type checkers see; at run time __getattr__ imports on first use
     from jaxfeed.keras import keras_data  # noqa: F401

@@ -55,6 +55,7 @@ ROOMS = [
     ("jaxfeed.keras", "bridges"),
     ("jaxfeed.nnx", "bridges"),
     ("jaxfeed.mnist", "bridges"),
+    ("jaxfeed.textlm", "bridges"),
     ("jaxfeed.compare", "compare"),
     ("jaxfeed.cli", "cli"),
     ("jaxfeed.__main__", "cli"),

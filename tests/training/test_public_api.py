@@ -73,7 +73,16 @@ def test_public_names():
         ["LAYER_SIZES", "TrainConfig", "evaluate", "init_params", "predict", "train"]
     )
     assert sorted(jaxfeed.nnx.__all__) == ["eval_step", "metric_sums", "step"]
-    for module in (loaders, sharding, jaxfeed, jaxfeed.mnist, jaxfeed.nnx):
+    assert sorted(jaxfeed.textlm.__all__) == [
+        "ModelConfig",
+        "TrainConfig",
+        "TransformerLM",
+        "attention_mask",
+        "load_corpus",
+        "loss_sums",
+        "train",
+    ]
+    for module in (loaders, sharding, jaxfeed, jaxfeed.mnist, jaxfeed.nnx, jaxfeed.textlm):
         for name in module.__all__:
             assert hasattr(module, name), name
 
@@ -102,6 +111,8 @@ def test_one_object_per_public_name():
         ("jaxfeed; jaxfeed.nnx.step(print); jaxfeed.nnx.metric_sums", "flax"),
         # keras_data imports Keras when it is called, not before.
         ("jaxfeed; jaxfeed.keras_data", "keras"),
+        # The text example imports tokenizers when load_corpus trains one, not before.
+        ("jaxfeed.textlm", "tokenizers"),
     ],
 )
 def test_importing_the_packages_imports_no_framework(imports, forbidden):
