@@ -84,10 +84,13 @@ def test_a_packed_batch_has_the_loss_of_its_rows_padded_one_per_row():
         jax.device_get(losses(model, batch)) for batch in (packed, padded)
     )
     assert sums["count"] == padded_sums["count"] == sum(len(row) - 1 for row in rows)
-    # float32, the same tokens: a key outside a token's segment gets weight exactly 0, so
-    # only the order of additions differs (matmuls and softmax over rows of another length,
-    # each ~1e-7 relative; the sum of ~1,000 token losses near 7 adds its own ~1e-7 per
-    # term at worst): 1e-5 leaves a margin of ~10.
+    # float32, the same tokens: a key outside a token's segment gets weight exactly 0 and
+    # every token meets the same numbers, so only the order of additions may differ
+    # (matmuls over rows of another length, the sum over [6, 127] or [12, 127] losses). The
+    # losses are positive, so reordering their sum errs relative to it: ~1e-7 per level of
+    # XLA's tree of additions, 3e-7 seen here (421 tokens; the per-token losses came out
+    # bit-identical). rtol 1e-5 is 30x that, and 100x below what a mistake costs: a mask
+    # without seg_q == seg_k moves the sum by 6e-3, positions from the column by 2.6e-3.
     np.testing.assert_allclose(sums["loss"], padded_sums["loss"], rtol=1e-5)
     # Token by token too: each packed segment's losses are its padded row's, in order.
     np.testing.assert_allclose(
