@@ -231,6 +231,24 @@ def _check_ray(out: str, nb: nbformat.NotebookNode) -> None:
     assert "ray running: False" in out
 
 
+def _check_text(out: str, nb: nbformat.NotebookNode) -> None:
+    # Real text, offline; the pipeline users have compiles once per batch shape.
+    assert re.search(r"^\d{4} rows, [\d,]+ tokens; length min 5, median \d+, max 128$", out, re.M)
+    (shapes,) = _floats(r"(?m)^dynamic padding: (\d+) batch shapes in one epoch", out)
+    assert shapes > 3
+    assert re.search(r"^wrap\(pad_to=\(32, 64, 128\)\): [123] shapes", out, re.M)
+    # make: static shapes; bucket and pack pad less than pad.
+    padding = dict(re.findall(r"^(pad|bucket|pack) +\([\d, ]+\) +\d+ +([\d.]+)%$", out, re.M))
+    assert float(padding["pack"]) < 5 < float(padding["bucket"]) < float(padding["pad"]), padding
+    # The same batches on every backend, whole and resumed at batch 40.
+    digests = re.findall(r"^(\w+) +epoch 1 (\w{12})  from batch 40 (\w{12})", out, re.M)
+    assert [name for name, _, _ in digests] == ["numpy", "torch", "tf", "grain", "hf"]
+    assert len({(whole, resumed) for _, whole, resumed in digests}) == 1, digests
+    # The language model learns on packed rows.
+    losses = _floats(r"(?m)^step +\d+  loss (\d+\.\d+)$", out)
+    assert len(losses) >= 3 and losses[-1] < losses[0] - 0.5, losses
+
+
 CHECKS: dict[str, Callable[[str, nbformat.NotebookNode], None]] = {
     "01_quickstart": _check_quickstart,
     "02_from_pytorch": _check_from_pytorch,
@@ -239,6 +257,7 @@ CHECKS: dict[str, Callable[[str, nbformat.NotebookNode], None]] = {
     "05_compare": _check_compare,
     "06_your_data": _check_your_data,
     "07_ray": _check_ray,
+    "08_text": _check_text,
 }
 
 
