@@ -26,6 +26,7 @@ for all three, so one model step takes any of them.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 
 import numpy as np
@@ -276,58 +277,57 @@ def _pack(
 ) -> EpochPlan:
     """First-fit or best-fit of each window's rows (pieces, with ``split``) into
     slots of ``L``; slots in the order they opened."""
-    size_of = lengths[order]
-    length = layout.length
+    length, window = layout.length, layout.window
     best = layout.method == "best_fit"
-    pieces: list[list[tuple[int, int, int]]] = []  # per slot: its pieces (row, start, size)
-    for first in range(0, len(order), layout.window):
-        rows = order[first : first + layout.window].tolist()
-        sizes = size_of[first : first + layout.window].tolist()
-        free: list[int] = []  # room left in each slot opened in this window
-        opened = len(pieces)
-        for row, size in zip(rows, sizes, strict=True):
+    rows, sizes = order.tolist(), lengths[order].tolist()
+    # Each piece as placed, five ints: row, start, size, slot, offset (one flat
+    # list: a Python loop over rows is the cost here, so it does little per row).
+    placed: list[int] = []
+    slots = 0
+    for first in range(0, len(rows), window):
+        opened = slots  # the window's slots are opened, opened + 1, ...
+        free: list[int] = []  # first-fit: room left in each of them
+        by_room: list[tuple[int, int]] = []  # best-fit: (room left, slot), sorted
+        last = first + window
+        for row, size in zip(rows[first:last], sizes[first:last], strict=True):
             start = 0
             while size - start > length:  # whole slots of a split row
-                pieces.append([(row, start, length)])
+                placed += (row, start, length, slots, 0)
                 free.append(0)
+                bisect.insort(by_room, (0, slots))
+                slots += 1
                 start += length
             need = size - start
-            target = -1
             if best:
-                room = length + 1
-                for i, left in enumerate(free):
-                    if need <= left < room:
-                        target, room = i, left
+                # The fullest slot with room; of equally full ones, the first opened.
+                k = bisect.bisect_left(by_room, (need, -1))
+                if k < len(by_room):
+                    left, slot = by_room.pop(k)
+                else:
+                    left, slot = length, slots
+                    slots += 1
+                bisect.insort(by_room, (left - need, slot))
             else:
                 for i, left in enumerate(free):
                     if left >= need:
-                        target = i
+                        free[i] = left - need
+                        slot = opened + i
                         break
-            if target < 0:
-                pieces.append([])
-                free.append(length)
-                target = len(free) - 1
-            slot = pieces[opened + target]
-            slot.append((row, start, need))
-            free[target] -= need
-    slots = len(pieces)
+                else:
+                    left, slot = length, slots
+                    free.append(length - need)
+                    slots += 1
+            placed += (row, start, need, slot, length - left)
+    flat = np.array(placed, np.int64).reshape(-1, 5)
+    flat = flat[np.argsort(flat[:, 3], kind="stable")]  # by slot, each slot's as placed
     batches = slots // global_batch if drop_remainder else -(-slots // global_batch)
-    pieces = pieces[: batches * global_batch]
-    counts = np.zeros(batches * global_batch, np.int64)
-    counts[: len(pieces)] = [len(p) for p in pieces]
-    flat = np.array([piece for slot in pieces for piece in slot], np.int64).reshape(-1, 3)
-    offset = np.zeros(len(flat), np.int64)
-    if len(flat):
-        ends = np.cumsum(flat[:, 2])
-        slot_first = np.concatenate([[0], np.cumsum(counts)])[:-1]
-        slot_of_piece = np.repeat(np.arange(len(counts)), counts)
-        before = np.concatenate([[0], ends])[slot_first]  # values before the slot's first piece
-        offset = ends - flat[:, 2] - before[slot_of_piece]
+    flat = flat[flat[:, 3] < batches * global_batch]
+    counts = np.bincount(flat[:, 3], minlength=batches * global_batch)
     return EpochPlan(
         batch_length=np.full(batches, length, np.int64),
         slot_pieces=np.concatenate([[0], np.cumsum(counts)]),
         row=flat[:, 0].copy(),
         start=flat[:, 1].copy(),
         size=flat[:, 2].copy(),
-        offset=offset,
+        offset=flat[:, 4].copy(),
     )
