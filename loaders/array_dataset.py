@@ -31,11 +31,16 @@ class InPlaceFiles:
       arrayrecord: ArrayRecord files that hold records, in order, which the
         grain backend reads through Grain's own source; () when none.
       examples: whether those ArrayRecord files hold Examples (else raw records).
+      arrays: the fields themselves are read where they are (in memory or
+        on disk), never copied into a framework's own format first: a ragged
+        field's values, one row per value, which a per-row store (TFDS
+        records) would only slow down.
     """
 
     arrow: tuple[str, ...] = ()
     arrayrecord: tuple[str, ...] = ()
     examples: bool = False
+    arrays: bool = False
 
 
 class ArrayDataset(Mapping[str, np.ndarray]):

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 import tqdm
-from jaxfeed.loaders.array_dataset import ArrayDataset
+from jaxfeed.loaders.array_dataset import ArrayDataset, InPlaceFiles
 from jaxfeed.loaders.checks import check_position
 from jaxfeed.loaders.protocol import MASK_KEY, ArraySpec, Batch
 from jaxfeed.loaders.ragged_field import RaggedField
@@ -278,7 +278,8 @@ class SequenceSource:
         values_span = max(1, min(SPAN_VALUES // chunk, epoch0 + slack))
         values = {k: v.values for k, v in ragged.items()}
         self._values = module.build(
-            ArrayDataset(f"{name} values", values),
+            # Read where they are: one row per value, a per-row store would only slow it.
+            ArrayDataset(f"{name} values", values, in_place=InPlaceFiles(arrays=True)),
             ChunkReads(self.planner, chunk, values_span, False, len(first_field.values)),
             **options,
         )

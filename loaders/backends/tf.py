@@ -169,8 +169,10 @@ class TfSource(SampledSource):
             )
             self.builder_dir = None
             return
-        if any(file_rows(array) is not None for array in dataset.arrays.values()):
-            # On disk: read in place (a TFDS copy would double the disk and take minutes).
+        as_they_are = dataset.in_place is not None and dataset.in_place.arrays
+        if as_they_are or any(file_rows(a) is not None for a in dataset.arrays.values()):
+            # On disk, or to be read as they are: in place (a TFDS copy would double the
+            # disk and take minutes; of a ragged field's values, a record per value).
             self.builder_dir = None
             self._fields = dict(dataset.arrays)
             return

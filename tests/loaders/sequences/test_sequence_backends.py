@@ -60,3 +60,9 @@ def test_reference_resumes_exactly_and_epochs_differ(reference):
         assert_same_batches(resumed, e1[5:])
         assert not np.array_equal(e0[0]["input_ids"], e1[0]["input_ids"]), layout
         assert {b["input_ids"].dtype for b in batches} == {np.dtype(np.uint16)}
+
+
+def test_tf_reads_a_ragged_fields_values_as_they_are():
+    # A TFDS copy would write one record per value: minutes for a real corpus.
+    source = loaders.make("tf", dataset=_dataset("pack"), batch_size=8, pack=96)
+    assert source._values.builder_dir is None
