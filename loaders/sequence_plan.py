@@ -36,9 +36,11 @@ __all__ = ["Bucket", "Pack", "Pad", "SEGMENT_IDS", "POSITIONS"]
 
 SEGMENT_IDS = "segment_ids"
 POSITIONS = "positions"
-DEFAULT_WINDOW = 1024
-"""Rows a pack plan places together: enough that short rows find room in
-open slots (a few percent of padding), few enough to plan fast."""
+DEFAULT_WINDOW = 4096
+"""Rows a pack plan places together. A window's last slots go out part full
+(its open slots close with it): 4096 rows of a text corpus (lengths of median
+16, up to 512 into L = 512) pack 99.7% real values, 1024 rows 99.0%
+(benchmarks/sequences.py); best-fit's cost per row hardly grows with it."""
 METHODS = ("first_fit", "best_fit")
 
 
@@ -104,7 +106,7 @@ class Pack:
 
     Args:
       length: the static length of every batch.
-      window: rows of the shuffled order placed together (default 1024):
+      window: rows of the shuffled order placed together (default 4096):
         a larger window packs tighter and plans slower.
       method: ``"best_fit"`` (default: the fullest slot with room) or
         ``"first_fit"`` (the first slot with room), among the window's open slots.

@@ -105,8 +105,8 @@ def test_pack_is_tight_and_bucket_and_pack_beat_pad():
         for layout in (Pad(64), Bucket((16, 32, 64)), Pack(128), Pack(128, method="first_fit"))
     }
     real = {k: p.real_values() / (p.batch_length.sum() * 16) for k, p in plans.items()}
-    assert real["Pack(length=128, window=1024, method='best_fit', split=False)"] > 0.97
-    assert real["Pack(length=128, window=1024, method='first_fit', split=False)"] > 0.97
+    assert real["Pack(length=128, window=4096, method='best_fit', split=False)"] > 0.97
+    assert real["Pack(length=128, window=4096, method='first_fit', split=False)"] > 0.97
     assert (
         real["Bucket(lengths=(16, 32, 64), truncate=False)"]
         > real["Pad(length=64, truncate=False)"]
