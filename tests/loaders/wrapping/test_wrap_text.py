@@ -111,6 +111,37 @@ def test_a_bucketed_dataloader_resumes_mid_epoch_exactly():
             np.testing.assert_array_equal(a[key], b[key])
 
 
+def _grain_packed(rows):
+    import grain
+
+    records = [{"input_ids": row} for row in rows]
+    shuffled = grain.MapDataset.source(records).shuffle(seed=1).to_iter_dataset()
+    packed = grain.experimental.FirstFitPackIterDataset(
+        shuffled, length_struct={"input_ids": 64}, num_packing_bins=8
+    )
+    return packed.batch(4)
+
+
+def test_a_grain_packer_pipeline_is_served_in_one_shape_and_resumes_exactly():
+    # Grain's packers give rows of one length: one shape, its own segment ids and
+    # positions kept as fields; Grain's iterator state resumes it mid-epoch.
+    rows = _rows()
+    source = loaders.wrap(_grain_packed(rows))
+    whole = list(source.iter_epoch(0))
+    assert {b["input_ids"].shape for b in whole} == {(4, 64)}
+    assert {"input_ids_segment_ids", "input_ids_positions"} <= set(whole[0])
+    real = sum(int((b["input_ids_segment_ids"] > 0).sum()) for b in whole)
+    assert real == sum(len(r) for r in rows)  # every token, once
+    state = source.data_state(0, 5)
+    fresh = loaders.wrap(_grain_packed(rows))
+    fresh.restore_data_state(state)
+    resumed = list(fresh.iter_epoch(0, start=5))
+    assert len(resumed) == len(whole) - 5
+    for a, b in zip(whole[5:], resumed, strict=True):
+        for key in a:
+            np.testing.assert_array_equal(a[key], b[key])
+
+
 def test_a_tf_bucket_by_sequence_length_pipeline_is_served_with_bounded_shapes_and_masks():
     from jaxfeed.loaders._doors.tf import import_tensorflow
 
