@@ -1,5 +1,5 @@
-"""``jaxfeed compare``: its arguments, and the run of either workload (``copy``
-or ``decode``) over every backend (docs/compare.md)."""
+"""``jaxfeed compare``: its arguments, and the run of a workload (``copy``,
+``decode`` or ``sequences``) over every backend (docs/compare.md)."""
 
 from __future__ import annotations
 
@@ -23,6 +23,9 @@ from jaxfeed.cli.args import (
     worker_counts,
 )
 
+DEFAULT_DATASET = "mnist-sample"
+TRAIN_EPOCHS = 2
+
 
 def add_compare(commands: argparse._SubParsersAction) -> None:
     compare = subcommand(
@@ -35,17 +38,20 @@ def add_compare(commands: argparse._SubParsersAction) -> None:
         "loader object through loaders.wrap, trained by jaxfeed and by Keras 3 model.fit "
         "(JAX backend), each training in a fresh process. --workload decode: the same for "
         "PNG decoding and augmentation, per worker count, beside each framework's own "
-        "pipeline (docs/compare.md).",
+        "pipeline; --workload sequences: paragraphs of CPython's docs as byte tokens, padded, "
+        "bucketed and packed, beside each framework's own padding, bucketing or packing "
+        "(docs/compare.md).",
     )
     compare.add_argument(
         "--workload",
-        choices=("copy", "decode"),
+        choices=("copy", "decode", "sequences"),
         default=None,
         help="copy: decoded digits (what the flags above describe); decode: digits-png, "
         "or the user's files with --dataset DIR (TFRecord, ArrayRecord, Parquet, image "
         "folder: 'image' bytes and 'label'), decoded and augmented per record in each "
-        "backend's workers, beside each framework's own reader of those files. None: "
-        "decode for --dataset DIR of such files, else copy",
+        "backend's workers, beside each framework's own reader of those files; sequences: "
+        "rows of different lengths with pad=, bucket= and pack= (loader figures, no "
+        "training). None: decode for --dataset DIR of such files, else copy",
     )
     compare.add_argument(
         "--workers",
@@ -61,7 +67,7 @@ def add_compare(commands: argparse._SubParsersAction) -> None:
         metavar="A,B,...",
         help="backends to compare; None: every available one",
     )
-    compare.add_argument("--dataset", default="mnist-sample", help=DATASET_HELP)
+    compare.add_argument("--dataset", default=DEFAULT_DATASET, help=DATASET_HELP)
     compare.add_argument("--data-dir", default=None, help=DATA_DIR_HELP)
     compare.add_argument("--batch-size", type=positive, default=128, help="per-process batch")
     compare.add_argument("--seed", type=seed, default=0, help="shuffle and init seed")
@@ -72,7 +78,7 @@ def add_compare(commands: argparse._SubParsersAction) -> None:
     compare.add_argument(
         "--train-epochs",
         type=non_negative,
-        default=2,
+        default=TRAIN_EPOCHS,
         help="epochs per repeat; 0 (--workload decode): loader figures only, no training",
     )
     compare.add_argument(
@@ -80,13 +86,14 @@ def add_compare(commands: argparse._SubParsersAction) -> None:
         type=positive,
         default=None,
         metavar="N",
-        help="read at most N batches per measurement (tiny CI runs); None: whole epochs",
+        help="read at most N batches per measurement (sequences: per epoch; tiny CI runs); "
+        "None: whole epochs",
     )
     compare.add_argument(
         "--no-baselines",
         action="store_true",
         help="skip the in-memory ceiling and the tutorial loops (and so the wrap and Keras rows); "
-        "decode: skip each framework's own pipeline",
+        "decode, sequences: skip each framework's own pipeline",
     )
     compare.add_argument(
         "--no-wrap",
@@ -121,7 +128,11 @@ def run_compare(args: argparse.Namespace, command: list[str]) -> int:
         registry.get(name)  # unknown or not installed: a clear error, before any work
     if args.workload is None:
         args.workload = "decode" if _holds_files(args.dataset) else "copy"
-    chosen = {"copy": _copy_workload, "decode": _decode_workload}[args.workload]
+    chosen = {
+        "copy": _copy_workload,
+        "decode": _decode_workload,
+        "sequences": _sequences_workload,
+    }[args.workload]
     workload, config, report = chosen(args, tuple(dict.fromkeys(names)))
     mesh = data_mesh(pick_devices(jax.devices(), args.devices))
     result = run(workload(config, mesh), command)
@@ -186,6 +197,33 @@ def _decode_workload(args: argparse.Namespace, names: tuple[str, ...]) -> tuple[
         dataset=args.dataset if files else DATASET,
     )
     return Decode, config, report
+
+
+def _sequences_workload(args: argparse.Namespace, names: tuple[str, ...]) -> tuple[type, Any, Any]:
+    """The sequences workload's class, its config from ``args``, and its report module."""
+    from jaxfeed.compare.workloads.sequences import report
+    from jaxfeed.compare.workloads.sequences.workload import Sequences, SequencesConfig
+
+    if args.workers is not None or args.train_epochs != TRAIN_EPOCHS:
+        raise ValueError(
+            "--workload sequences reads each backend in this process and trains nothing; "
+            "drop --workers and --train-epochs"
+        )
+    if args.plot is not None or args.dataset != DEFAULT_DATASET or args.data_dir is not None:
+        raise ValueError(
+            "--workload sequences reads the paragraphs of CPython's docs and prints a table; "
+            "drop --dataset, --data-dir and --plot (use --json for every figure)"
+        )
+    config = SequencesConfig(
+        backends=names,
+        batch_size=args.batch_size,
+        seed=args.seed,
+        repeats=args.repeats,
+        warmup=args.warmup,
+        max_batches=args.max_batches,
+        idioms=not args.no_baselines,
+    )
+    return Sequences, config, report
 
 
 def _holds_files(dataset: str) -> bool:
