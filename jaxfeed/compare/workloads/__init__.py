@@ -4,6 +4,8 @@
   ceiling, each framework's tutorial loop and the user's own loader.
 - `decode`: PNG digits decoded and augmented per record, per worker count,
   beside each framework's own pipeline.
+- `sequences`: text rows of different lengths padded, bucketed and packed on
+  every backend, beside each framework's own text idiom.
 """
 
 __all__: list[str] = []  # internal: nothing here is public
