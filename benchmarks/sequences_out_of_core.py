@@ -25,13 +25,13 @@ import os
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 import numpy as np
 from bigger_than_memory import disk_limits, evict
 from common import write_record  # also puts the repo on sys.path
+from formats_big import _peak_rss_anon
 
 LENGTH = 2048  # tokens in a packed row
 
@@ -70,17 +70,7 @@ def write_corpus(directory: Path, tokens: int, median: int) -> None:
 
 def measure(directory: Path, backend: str, seconds: float) -> dict:
     """One backend, cold, in this (fresh) process."""
-    peak = [0]
-
-    def watch() -> None:
-        while True:
-            with open("/proc/self/status") as status:
-                for line in status:
-                    if line.startswith("RssAnon:"):
-                        peak[0] = max(peak[0], int(line.split()[1]) * 1024)
-            time.sleep(0.05)
-
-    threading.Thread(target=watch, daemon=True).start()
+    peak = _peak_rss_anon()
     import jaxfeed
 
     files = list(directory.glob("*.npy"))
