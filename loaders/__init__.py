@@ -13,6 +13,7 @@ internal (docs/architecture.md says which room is which):
 - `bytes_field`: `BytesField`, encoded bytes per row.
 - `ragged_field`: `RaggedField`, rows of numbers of different lengths.
 - `sequence_plan`: `Pad`, `Bucket`, `Pack`: static batches of such rows.
+- `mixture_plan`: `Mixture`: several datasets in one stream by weight.
 - `host_fields`: fields carried with each batch as host numpy.
 - `transform`: the per-record transform contract.
 - `row_generators`: each row's ``default_rng((seed, epoch, row))``.
@@ -28,6 +29,7 @@ internal (docs/architecture.md says which room is which):
 from jaxfeed.loaders.backends.registry import BACKENDS, available, make
 from jaxfeed.loaders.bytes_field import BytesField
 from jaxfeed.loaders.data.catalog import DATASETS, ArrayDataset, load_dataset
+from jaxfeed.loaders.mixture_plan import Mixture
 from jaxfeed.loaders.protocol import (
     MASK_KEY,
     ArraySpec,
@@ -55,6 +57,7 @@ __all__ = [
     "DATASETS",
     "HostFields",
     "MASK_KEY",
+    "Mixture",
     "Pack",
     "Pad",
     "ProcessSlice",

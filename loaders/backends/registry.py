@@ -7,12 +7,13 @@ import importlib
 import importlib.metadata
 import importlib.util
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from jaxfeed.loaders.checks import check_batch_size, check_bool, check_seed
 from jaxfeed.loaders.data.catalog import DatasetLike, load_dataset
 from jaxfeed.loaders.host_fields import HostFieldSource, split_host_fields
+from jaxfeed.loaders.mixture_plan import Mixture
 from jaxfeed.loaders.protocol import BatchSource
 from jaxfeed.loaders.sampler import Sampler, default_block_rows
 from jaxfeed.loaders.sequence_plan import Bucket, Pack, Pad, as_layout
@@ -265,6 +266,8 @@ def make(
     check_seed(seed)
     check_bool("drop_remainder", drop_remainder)
     layout = as_layout(pad, bucket, pack)
+    if isinstance(dataset, Mixture):
+        return _mixture(spec, dataset, locals(), backend_options)
     data = load_dataset(dataset, split, data_dir=data_dir, format=format)
     if layout is not None:  # the plan needs every row's length: the fields as they are
         data = data.with_fields()
@@ -328,3 +331,43 @@ def make(
         backend_options["transform"] = RecordTransform(transform, seed, data)
     source = module.build(data, sampler, **backend_options)
     return HostFieldSource(source, host, sampler) if host else source
+
+
+def _mixture(spec: Backend, mixture: Mixture, args: Mapping[str, Any], options: dict) -> Any:
+    """`make` of a `Mixture`: its components loaded as ``dataset`` would be."""
+    if args["host_fields"] or args["pad"] or args["bucket"] or args["pack"]:
+        raise ValueError(
+            "a Mixture takes none of host_fields=, pad=, bucket=, pack= yet; mix fixed-length rows"
+        )
+    if options.get("order", "sampler") != "sampler":
+        raise ValueError("a Mixture follows its own plan; drop order=")
+    module = importlib.import_module(spec.module)
+    unknown = sorted(set(options) - set(module.OPTIONS))
+    if unknown:
+        raise TypeError(
+            f"the {spec.name} backend got unknown option(s) {unknown}; "
+            f"it takes {list(module.OPTIONS)}"
+        )
+    from jaxfeed.loaders.backends.mixture_source import mixture_source
+
+    split, data_dir, format = args["split"], args["data_dir"], args["format"]
+    return mixture_source(
+        module,
+        mixture,
+        lambda d: load_dataset(d, split, data_dir=data_dir, format=format),
+        args["transform"],
+        {
+            k: args[k]
+            for k in (
+                "batch_size",
+                "seed",
+                "shuffle",
+                "drop_remainder",
+                "process_index",
+                "process_count",
+                "block_rows",
+                "window_blocks",
+            )
+        },
+        options,
+    )
