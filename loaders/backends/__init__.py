@@ -6,6 +6,7 @@ imports its framework only when it is used. Its modules are internal.
 - `registry`: the backends by name, imported lazily; `make` and `available`.
 - `sampled_source`: what every backend shares (batches in the sampler's order).
 - `sequence_source`: variable-length rows padded, bucketed or packed through any backend.
+- `mixture_source`: several datasets in one stream by weight, through any backend.
 - `numpy`, `torch`, `tf`, `grain`, `hf`: one module per framework.
 - `ray`: Ray tasks on a cluster.
 - `tfds_store`: the TFDS-format cache the tf backend reads.
