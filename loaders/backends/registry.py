@@ -7,7 +7,7 @@ import importlib
 import importlib.metadata
 import importlib.util
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from jaxfeed.loaders.checks import check_batch_size, check_bool, check_seed
@@ -178,6 +178,7 @@ def make(
     pad: int | Pad | None = None,
     bucket: Sequence[int] | Bucket | bool | None = None,
     pack: int | Pack | None = None,
+    storage_options: Mapping[str, Any] | None = None,
     **backend_options: Any,
 ) -> BatchSource:
     """A `BatchSource` reading ``dataset``/``split`` through ``backend``.
@@ -233,6 +234,9 @@ def make(
         a dataset with such a field (see `jaxfeed.loaders.sequence_plan` and
         docs/sequences.md). A ``transform`` then runs once over every row
         (epoch 0's generator) before the lengths are planned.
+      storage_options: for a dataset URL (``s3://``, ``gs://``, ``hf://``,
+        ``https://``), the store's options as fsspec takes them
+        (``{"anon": True}``, ``{"endpoint_url": ...}``); see docs/storage.md.
       **backend_options: passed to the backend (e.g. ``num_workers``).
 
     Returns:
@@ -265,7 +269,9 @@ def make(
     check_seed(seed)
     check_bool("drop_remainder", drop_remainder)
     layout = as_layout(pad, bucket, pack)
-    data = load_dataset(dataset, split, data_dir=data_dir, format=format)
+    data = load_dataset(
+        dataset, split, data_dir=data_dir, format=format, storage_options=storage_options
+    )
     if layout is not None:  # the plan needs every row's length: the fields as they are
         data = data.with_fields()
     transform = data.transform if transform is None else transform
