@@ -7,7 +7,7 @@ import json
 import threading
 import types
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 from jaxfeed.loaders._io.mapped_files import memmap_of
@@ -15,7 +15,7 @@ from jaxfeed.loaders.bytes_field import BytesField
 from jaxfeed.loaders.protocol import MASK_KEY
 from jaxfeed.loaders.ragged_field import RaggedField
 
-__all__ = ["ArrayDataset", "InPlaceFiles"]
+__all__ = ["ArrayDataset", "InPlaceFiles", "Origin"]
 
 NUMERIC_KINDS = "biuf"  # bool, signed, unsigned, float: what every backend stores
 
@@ -41,6 +41,15 @@ class InPlaceFiles:
     arrayrecord: tuple[str, ...] = ()
     examples: bool = False
     arrays: bool = False
+
+
+class Origin(Protocol):
+    """Where a dataset's files were fetched from (a store's objects), checked
+    at every epoch's start as local files are."""
+
+    def check(self) -> None:
+        """Raises ValueError, naming the object, when one changed since the
+        dataset was made."""
 
 
 class ArrayDataset(Mapping[str, np.ndarray]):
@@ -69,8 +78,8 @@ class ArrayDataset(Mapping[str, np.ndarray]):
       arrays: field name -> array with the rows on axis 0.
       transform: the per-record transform ``make`` runs when it is given
         none (a named encoded dataset's own augmentation); None: none.
-      classes, units, in_place: what a dataset read from files knows of
-        them, kept as the attributes of these names (below); none by default.
+      classes, units, in_place, origin: what a dataset read from files knows
+        of them, kept as the attributes of these names (below); none by default.
 
     Raises:
       TypeError: ``arrays`` is not a mapping of names to arrays.
@@ -100,6 +109,9 @@ class ArrayDataset(Mapping[str, np.ndarray]):
     in_place: InPlaceFiles | None
     """The user's files a backend reads in place of the fields; None: none."""
 
+    origin: Origin | None
+    """The remote objects its files were fetched from; None: local or in memory."""
+
     _build: Callable[[], Mapping[str, Any]] | None = None  # of a `deferred` dataset
 
     def __init__(
@@ -111,6 +123,7 @@ class ArrayDataset(Mapping[str, np.ndarray]):
         classes: Sequence[str] = (),
         units: Sequence[int] = (),
         in_place: InPlaceFiles | None = None,
+        origin: Origin | None = None,
         deferred: tuple[int, Callable[[], Mapping[str, Any]]] | None = None,
     ):
         if not isinstance(arrays, Mapping):
@@ -134,7 +147,7 @@ class ArrayDataset(Mapping[str, np.ndarray]):
         self.name = name
         self.transform = transform
         self.classes, self.units = tuple(classes), tuple(units)
-        self.in_place = in_place
+        self.in_place, self.origin = in_place, origin
         self._arrays: Mapping[str, np.ndarray | BytesField] | None = types.MappingProxyType(fields)
         self._rows = len(next(iter(fields.values())))
         self.head = types.MappingProxyType({key: value[:1] for key, value in fields.items()})
@@ -188,7 +201,12 @@ class ArrayDataset(Mapping[str, np.ndarray]):
 
     def _built(self, sequences: bool) -> ArrayDataset:
         built = ArrayDataset(
-            self.name, self._build(), self.transform, classes=self.classes, units=self.units
+            self.name,
+            self._build(),
+            self.transform,
+            classes=self.classes,
+            units=self.units,
+            origin=self.origin,
         )
         ragged = [key for key in built.ragged_fields() if key not in self.ragged_fields()]
         if ragged and not sequences:

@@ -49,7 +49,12 @@ def split_host_fields(
         )
     # Not its files read in place: they hold the host fields too.
     rest = ArrayDataset(
-        data.name, kept, transform=data.transform, classes=data.classes, units=data.units
+        data.name,
+        kept,
+        transform=data.transform,
+        classes=data.classes,
+        units=data.units,
+        origin=data.origin,
     )
     return rest, {n: data.arrays[n] for n in dict.fromkeys(names)}
 

@@ -43,7 +43,10 @@ def dataset_used(source: Any, requested: str) -> str:
     relative path to the same directory names the same data), a named one by
     its name, noting when it is not the one asked for."""
     from jaxfeed import loaders
+    from jaxfeed.loaders.data.remote import is_url, public_url
 
+    if is_url(requested):  # an object store's: as its URL, without any secret in it
+        return public_url(requested)
     if requested not in loaders.DATASETS:  # a directory, of .npy or IDX files
         prefix = "idx:" if requested.startswith("idx:") else ""
         return prefix + str(Path(requested.removeprefix("idx:")).expanduser().resolve())
@@ -99,13 +102,15 @@ def image_transform(dataset: Any, data_dir: Any, resize: bool) -> Any:
       ValueError: an image of an image folder that `decode_for_mlp` refuses.
     """
     from jaxfeed import loaders
+    from jaxfeed.loaders.data.remote import is_url
 
     if dataset in loaders.DATASETS:  # named: arrays, or with their own transform
         return None
     data = loaders.load_dataset(dataset, "train", data_dir=data_dir)
     if data.transform is not None or "image" not in data.bytes_fields():
         return None
-    check_image_folder(dataset)
+    if not is_url(dataset):  # (a store's image folder: each image checked as it is read)
+        check_image_folder(dataset)
     return functools.partial(decode_for_mlp, resize=resize)
 
 

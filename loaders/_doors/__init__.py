@@ -15,6 +15,7 @@ at top level; a door may use `jaxfeed.loaders._io` and nothing else of jaxfeed.
 - `ray`: Ray.
 - `jax`: JAX.
 - `keras`: Keras 3.
+- `fsspec`: fsspec and the object stores behind it.
 - `multiprocessing`: the standard library's process start and pools.
 """
 

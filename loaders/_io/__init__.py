@@ -10,6 +10,7 @@ else of jaxfeed, so every room above may use it.
 - `read_ahead`: one thread body reading an iterator into a bounded queue.
 - `on_disk_fields`: a source's fields as the disk holds them: page-cache
   advice, read-ahead set up, and the check that their files were not cut short.
+- `retry`: a call retried with backoff and jitter within a time budget.
 - `owner_lock`: who owns a scratch or batch directory, by an ``flock`` that
   dies with its process.
 """

@@ -179,6 +179,7 @@ def make(
     pad: int | Pad | None = None,
     bucket: Sequence[int] | Bucket | bool | None = None,
     pack: int | Pack | None = None,
+    storage_options: Mapping[str, Any] | None = None,
     **backend_options: Any,
 ) -> BatchSource:
     """A `BatchSource` reading ``dataset``/``split`` through ``backend``.
@@ -234,6 +235,9 @@ def make(
         a dataset with such a field (see `jaxfeed.loaders.sequence_plan` and
         docs/sequences.md). A ``transform`` then runs once over every row
         (epoch 0's generator) before the lengths are planned.
+      storage_options: for a dataset URL (``s3://``, ``gs://``, ``hf://``,
+        ``https://``), the store's options as fsspec takes them
+        (``{"anon": True}``, ``{"endpoint_url": ...}``); see docs/storage.md.
       **backend_options: passed to the backend (e.g. ``num_workers``).
 
     Returns:
@@ -268,7 +272,9 @@ def make(
     layout = as_layout(pad, bucket, pack)
     if isinstance(dataset, Mixture):
         return _mixture(spec, dataset, locals(), backend_options)
-    data = load_dataset(dataset, split, data_dir=data_dir, format=format)
+    data = load_dataset(
+        dataset, split, data_dir=data_dir, format=format, storage_options=storage_options
+    )
     if layout is not None:  # the plan needs every row's length: the fields as they are
         data = data.with_fields()
     transform = data.transform if transform is None else transform
@@ -351,10 +357,11 @@ def _mixture(spec: Backend, mixture: Mixture, args: Mapping[str, Any], options: 
     from jaxfeed.loaders.backends.mixture_source import mixture_source
 
     split, data_dir, format = args["split"], args["data_dir"], args["format"]
+    storage = args["storage_options"]
     return mixture_source(
         module,
         mixture,
-        lambda d: load_dataset(d, split, data_dir=data_dir, format=format),
+        lambda d: load_dataset(d, split, data_dir=data_dir, format=format, storage_options=storage),
         args["transform"],
         {
             k: args[k]

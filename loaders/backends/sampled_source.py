@@ -135,6 +135,8 @@ class SampledSource(abc.ABC):
         disk = self._on_disk()
         disk.check_whole()
         check_unchanged(self.dataset.name, self._files)
+        if self.dataset.origin is not None:  # fetched from a store: its objects too
+            self.dataset.origin.check()
         return disk
 
     def _iter_sampler(self, epoch: int, start: int, disk: OnDiskFields) -> Iterator[Batch]:

@@ -8,6 +8,8 @@ Its modules are internal.
 - `encoded`: the ``digits-png`` records and their augmentation.
 - `on_disk`: directories of ``.npy`` files, their splits and content digests.
 - `cache`: the cache, and what it is trusted with.
+- `remote`: datasets at URLs (``s3://``, ``gs://``, ...), fetched into the cache.
+- `object_cache`: the bounded cache of a store's objects.
 - `superseded`: copies a newer one of the same source replaces.
 - `formats`: the user's files (TFRecord, ArrayRecord, Parquet, ...).
 """

@@ -6,13 +6,15 @@ import glob
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from jaxfeed.loaders.array_dataset import ArrayDataset
-from jaxfeed.loaders.data import formats
+from jaxfeed.loaders.data import formats, remote
 from jaxfeed.loaders.data import named as mnist_datasets
 from jaxfeed.loaders.data.encoded import digits_png
 from jaxfeed.loaders.data.on_disk import load_npy_directory, npy_directory
+from jaxfeed.loaders.data.remote import is_url
 
 __all__ = ["DATASETS", "SPLITS", "ArrayDataset", "DatasetLike", "load_dataset"]
 
@@ -23,7 +25,7 @@ DATASETS: tuple[str, ...] = tuple(_NAMED)
 DatasetLike = (
     str | os.PathLike | Sequence[str | os.PathLike] | ArrayDataset | Mapping[str, np.ndarray]
 )
-"""What ``make(dataset=...)`` takes: a name, a directory, a glob or files, or your data."""
+"""What ``make(dataset=...)`` takes: a name, a directory or URL, a glob or files, or your data."""
 
 
 def load_dataset(
@@ -31,6 +33,7 @@ def load_dataset(
     split: str = "train",
     data_dir: str | os.PathLike | None = None,
     format: str | None = None,
+    storage_options: Mapping[str, Any] | None = None,
 ) -> ArrayDataset:
     """One split of a dataset, in memory or memory-mapped from disk.
 
@@ -53,10 +56,17 @@ def load_dataset(
         of IDX files (optionally written ``"idx:DIR"``). Or your files: a
         directory, a glob or a list of TFRecord, ArrayRecord, Parquet or
         Arrow files, an image folder, a prepared TFDS or Hugging Face
-        directory (`jaxfeed.loaders.data.formats`; see docs/data.md).
+        directory (`jaxfeed.loaders.data.formats`; see docs/data.md). Or
+        the URL of any of those: ``s3://``, ``gs://``, ``hf://``, ``https://``
+        or ``file://`` (its objects fetched into a bounded cache; see
+        docs/storage.md).
       split: ``"train"`` or ``"test"`` (for names and directories).
       data_dir: directory with the MNIST IDX files for ``mnist`` /
         ``mnist-10k``; default ``$JAXFEED_DATA_DIR``, then the cache.
+      format: what the files hold (see `make`); None: detected.
+      storage_options: for a URL, the store's options as fsspec takes them
+        (``{"anon": True}``, ``{"endpoint_url": ...}``, credentials); None:
+        the store's standard credential chain.
 
     Returns:
       An `ArrayDataset` with read-only arrays (shared between calls for names).
@@ -86,6 +96,13 @@ def load_dataset(
         return ArrayDataset("arrays", name)
     if isinstance(name, os.PathLike):
         name = os.fspath(name)
+    if storage_options is not None and not is_url(name):
+        raise ValueError(
+            f"storage_options= is for a dataset URL (s3://, gs://, hf://, https://), not "
+            f"{name if isinstance(name, str) else type(name).__name__!r}; leave it out"
+        )
+    if is_url(name):
+        return _load_url(name, split, format, storage_options)
     files = isinstance(name, list | tuple) and all(isinstance(p, str | os.PathLike) for p in name)
     if files or (format is not None and isinstance(name, str)):
         return formats.load(name, split, SPLITS, format)
@@ -120,6 +137,19 @@ def load_dataset(
         f"{list(formats.FORMATS)}, a directory of IDX files (e.g. 'idx:/path/to/mnist'), an "
         "ArrayDataset or a dict of arrays"
     )
+
+
+def _load_url(
+    url: str, split: str, format: str | None, storage_options: Mapping[str, Any] | None
+) -> ArrayDataset:
+    """One split of the dataset at ``url``: its objects fetched into the cache,
+    read as the same files on local disk would be, named by the URL."""
+    if url.startswith("file://"):  # local files: read where they are
+        return load_dataset(url.removeprefix("file://"), split, format=format)
+    local, objects = remote.fetch(url, storage_options)
+    data = load_dataset(str(local), split, format=format)
+    data.name, data.origin = f"{objects.url.rstrip('/')}/{split}", objects
+    return data
 
 
 def _has_idx_files(directory: Path) -> bool:

@@ -1,0 +1,177 @@
+"""fsspec and the stores behind it (s3fs, gcsfs, HTTP, ``huggingface_hub``):
+opening a URL, listing objects with their identity, ranged reads, and which
+errors are worth a retry. Checked against fsspec and s3fs 2025.3.0 and
+2026.9.0, aiobotocore 2.x and 3.x; public APIs only, except the error
+classes read by name below (botocore's, aiohttp's), which live in modules
+jaxfeed does not import.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+__all__ = [
+    "INSTALL",
+    "Listed",
+    "is_transient",
+    "list_objects",
+    "open_store",
+    "read_range",
+    "url_protocol",
+]
+
+INSTALL = {
+    "s3": "pip install 'jaxfeed[s3]'",
+    "gs": "pip install 'jaxfeed[gcs]'",
+    "gcs": "pip install 'jaxfeed[gcs]'",
+    "http": "pip install 'jaxfeed[http]'",
+    "https": "pip install 'jaxfeed[http]'",
+    "hf": "pip install 'jaxfeed[hf]'",
+}
+"""The stores a dataset URL may name, and the extra that brings each one's client."""
+
+_URL = re.compile(r"^([a-z][a-z0-9+.-]*)://")
+# Errors a retry can cure, by class name: their modules (botocore, aiohttp,
+# urllib3) are the stores' dependencies, not jaxfeed's.
+_TRANSIENT_CLASSES = {
+    "EndpointConnectionError",
+    "ConnectTimeoutError",
+    "ReadTimeoutError",
+    "ConnectionClosedError",
+    "ResponseStreamingError",
+    "IncompleteReadError",
+    "ServerDisconnectedError",
+    "ClientConnectionError",
+    "ClientOSError",
+    "ClientPayloadError",
+    "ContentLengthError",
+    "TransferEncodingError",
+    "ProtocolError",
+}
+_TRANSIENT_CODES = {
+    "SlowDown",
+    "Throttling",
+    "ThrottlingException",
+    "TooManyRequests",
+    "RequestLimitExceeded",
+    "RequestTimeout",
+    "InternalError",
+    "ServiceUnavailable",
+    "500",
+    "502",
+    "503",
+    "504",
+    "429",
+}
+
+
+class Listed(tuple):
+    """One object: ``(size, identity)``; identity is the store's version of it
+    (an ETag, a GCS generation, a Hub blob id), None where it gives none."""
+
+    __slots__ = ()
+
+    def __new__(cls, size: int, identity: str | None) -> Listed:
+        return super().__new__(cls, (size, identity))
+
+    @property
+    def size(self) -> int:
+        return self[0]
+
+    @property
+    def identity(self) -> str | None:
+        return self[1]
+
+
+def url_protocol(name: str) -> str | None:
+    """The store a dataset URL names (``"s3"``, ``"gs"``, ...), or None when
+    ``name`` is not such a URL (a path, a name)."""
+    match = _URL.match(name)
+    return match[1] if match and match[1] in (*INSTALL, "file") else None
+
+
+def open_store(url: str, storage_options: Mapping[str, Any]) -> tuple[Any, str]:
+    """The fsspec filesystem for ``url`` and the path inside it.
+
+    Raises:
+      ImportError: fsspec or the store's client is missing, with the install line.
+    """
+    protocol = url_protocol(url)
+    try:
+        import fsspec
+
+        # A new instance: fsspec's instance cache would keep listings (dircache)
+        # across calls, and a check of the objects must see the store as it is.
+        return fsspec.core.url_to_fs(url, skip_instance_cache=True, **storage_options)
+    except ImportError as error:
+        raise ImportError(
+            f"reading {protocol}:// URLs needs fsspec and the store's client: "
+            f"{INSTALL.get(protocol or '', 'pip install fsspec')} ({error})"
+        ) from None
+
+
+def list_objects(fs: Any, path: str) -> dict[str, Listed]:
+    """Every object at or under ``path``: its path relative to ``path`` ("" for
+    ``path`` itself, an object) -> `Listed`. Empty when nothing is there."""
+    found = fs.find(path, detail=True)
+    if not found and fs.isfile(path):
+        found = {path: fs.info(path)}
+    root = path.rstrip("/")
+    listed = {}
+    for key, info in found.items():
+        if info.get("type", "file") != "file":
+            continue
+        relative = "" if key.rstrip("/") == root else key[len(root) :].lstrip("/")
+        listed[relative] = Listed(int(info["size"]), _identity(info))
+    return listed
+
+
+def _identity(info: Mapping[str, Any]) -> str | None:
+    """An object's version as its store reports it: S3's and HTTP's ETag, a GCS
+    object's generation, a Hub file's blob id or LFS hash."""
+    for name in ("ETag", "etag", "generation", "blob_id", "VersionId"):
+        if info.get(name):
+            return str(info[name]).strip('"')
+    if isinstance(info.get("lfs"), Mapping) and info["lfs"].get("sha256"):
+        return str(info["lfs"]["sha256"])
+    return None
+
+
+def read_range(fs: Any, path: str, start: int, end: int) -> bytes:
+    """Bytes ``[start, end)`` of an object, in one ranged read.
+
+    Raises:
+      ConnectionError: fewer bytes came than asked (a body cut short), which
+        is transient; the store's own errors otherwise.
+    """
+    data = fs.cat_file(path, start=start, end=end)
+    if len(data) != end - start:
+        raise ConnectionError(f"got {len(data)} bytes of {end - start}: the body was cut short")
+    return data
+
+
+def is_transient(error: BaseException) -> bool:
+    """Whether another try may succeed: a time-out, a dropped or reset
+    connection, a short body, a 5xx, a 429 or S3's ``SlowDown``; not a missing
+    object or bucket, a refused permission or missing credentials."""
+    seen = 0
+    while error is not None and seen < 8:
+        if isinstance(error, FileNotFoundError | PermissionError):
+            return False
+        if isinstance(error, TimeoutError | ConnectionError):
+            return True
+        if type(error).__name__ in _TRANSIENT_CLASSES:
+            return True
+        response = getattr(error, "response", None)  # botocore's ClientError
+        if isinstance(response, Mapping):
+            code = str(response.get("Error", {}).get("Code", ""))
+            status = response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
+            if code in _TRANSIENT_CODES or status == 429 or status >= 500:
+                return True
+        status = getattr(error, "status", None)  # aiohttp's ClientResponseError
+        if isinstance(status, int) and (status == 429 or status >= 500):
+            return True
+        error, seen = error.__cause__ or error.__context__, seen + 1
+    return False

@@ -1,0 +1,279 @@
+"""Datasets at s3:// URLs, against a moto S3 server on 127.0.0.1 (nothing
+leaves the machine): every backend byte-identical to the local copy, the
+cache's bound, errors named, retries, and no secret in any message or record."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import io
+import json
+import os
+import pickle
+import socket
+import subprocess
+import sys
+import time
+import traceback
+
+import numpy as np
+import pytest
+
+pytest.importorskip("s3fs")
+pytest.importorskip("moto")
+
+from jaxfeed.loaders._doors import fsspec as door
+from jaxfeed.loaders._io.retry import RetriesExhausted, with_retries
+from jaxfeed.loaders.backends.registry import everyday
+from jaxfeed.loaders.data.object_cache import ObjectCache
+
+import jaxfeed
+from jaxfeed.cli.train_data import data_record, dataset_used
+
+SECRET = "SECRET-MARKER-7f3a9c"
+BUCKET = "jaxfeed-test"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    """A moto S3 server with a .npy directory and a Parquet file in it, and the
+    same files on local disk; the environment points only at 127.0.0.1."""
+    import boto3
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    port = _free_port()
+    endpoint = f"http://127.0.0.1:{port}"
+    server = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while True:  # ready when it accepts a connection
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 1):
+                break
+            assert server.poll() is None and time.monotonic() < deadline, "moto did not start"
+            time.sleep(0.05)
+        with pytest.MonkeyPatch.context() as env:
+            for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL"):
+                env.delenv(name, raising=False)
+            env.setenv("AWS_ACCESS_KEY_ID", "testing")
+            env.setenv("AWS_SECRET_ACCESS_KEY", SECRET)
+            env.setenv("AWS_DEFAULT_REGION", "us-east-1")
+            env.setenv("AWS_EC2_METADATA_DISABLED", "true")
+            env.setenv("AWS_CONFIG_FILE", os.devnull)
+            env.setenv("AWS_SHARED_CREDENTIALS_FILE", os.devnull)
+            env.setenv("JAXFEED_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
+            env.setenv("JAXFEED_RETRY_SECONDS", "5")
+            s3 = boto3.client("s3", endpoint_url=endpoint)
+            s3.create_bucket(Bucket=BUCKET)
+            local = tmp_path_factory.mktemp("local")
+            rng = np.random.default_rng(0)
+            arrays = {
+                "x": rng.normal(size=(150, 4, 3)).astype(np.float32),
+                "y": rng.integers(0, 10, 150),
+            }
+            for split, rows in (("train", slice(0, 100)), ("test", slice(100, 150))):
+                (local / "npy" / split).mkdir(parents=True)
+                for name, array in arrays.items():
+                    np.save(local / "npy" / split / f"{name}.npy", array[rows])
+                    key = f"npy/{split}/{name}.npy"
+                    s3.upload_file(str(local / key), BUCKET, key)
+            table = pa.table({"a": np.arange(120, dtype=np.int32), "b": rng.normal(size=120)})
+            (local / "pq").mkdir()
+            pq.write_table(table, local / "pq" / "train-00000.parquet", row_group_size=32)
+            key = "pq/train-00000.parquet"
+            s3.upload_file(str(local / key), BUCKET, key)
+            yield {"endpoint": endpoint, "s3": s3, "local": local, "env": env}
+    finally:
+        server.terminate()
+        server.wait(10)
+
+
+def _opts(store) -> dict:
+    return {"endpoint_url": store["endpoint"]}
+
+
+def _epochs(source, epochs=2) -> list:
+    return [dict(b) for e in range(epochs) for b in source.iter_epoch(e)]
+
+
+def _same(a: list, b: list) -> bool:
+    return len(a) == len(b) and all(
+        x.keys() == y.keys() and all(np.array_equal(x[k], y[k]) for k in x)
+        for x, y in zip(a, b, strict=True)
+    )
+
+
+@pytest.mark.parametrize("prefix", ["npy/", "pq/"])
+def test_every_backend_reads_the_local_copys_batches(store, prefix):
+    url = f"s3://{BUCKET}/{prefix}"
+    want = _epochs(jaxfeed.make("numpy", dataset=str(store["local"] / prefix), batch_size=16))
+    for backend in everyday():
+        source = jaxfeed.make(backend, dataset=url, storage_options=_opts(store), batch_size=16)
+        assert source.dataset.name == f"s3://{BUCKET}/{prefix}train"
+        assert _same(_epochs(source), want), backend
+        if hasattr(source, "close"):
+            source.close()
+
+
+def test_the_test_split_and_a_single_object(store):
+    test = jaxfeed.load_dataset(f"s3://{BUCKET}/npy/", "test", storage_options=_opts(store))
+    assert np.array_equal(test["x"], np.load(store["local"] / "npy" / "test" / "x.npy"))
+    one = jaxfeed.load_dataset(
+        f"s3://{BUCKET}/pq/train-00000.parquet", storage_options=_opts(store)
+    )
+    assert len(one) == 120
+
+
+def test_a_changed_object_is_refused_by_name(store):
+    s3 = store["s3"]
+    s3.put_object(Bucket=BUCKET, Key="changing/train/x.npy", Body=_npy(np.zeros(8)))
+    source = jaxfeed.make(
+        "numpy", dataset=f"s3://{BUCKET}/changing/", storage_options=_opts(store), batch_size=4
+    )
+    next(source.iter_epoch(0))
+    s3.put_object(Bucket=BUCKET, Key="changing/train/x.npy", Body=_npy(np.ones(8)))
+    with pytest.raises(ValueError, match=r"changing/train/x\.npy changed after the source"):
+        next(source.iter_epoch(1))
+    # Made again: the new version, from a new cache entry.
+    again = jaxfeed.load_dataset(f"s3://{BUCKET}/changing/", storage_options=_opts(store))
+    assert np.array_equal(again["x"], np.ones(8, np.float32))
+
+
+def _npy(array: np.ndarray) -> bytes:
+    out = io.BytesIO()
+    np.save(out, array.astype(np.float32))
+    return out.getvalue()
+
+
+def _refusal(call) -> BaseException:
+    try:
+        call()
+    except Exception as error:
+        return error
+    raise AssertionError("no error")
+
+
+def test_errors_are_named_and_hold_no_secret(store, capfd):
+    opts = _opts(store)
+    cases = {
+        "s3://no-such-bucket-jf/x/": (FileNotFoundError, "s3://no-such-bucket-jf/x/"),
+        f"s3://{BUCKET}/empty/": (FileNotFoundError, "no objects there"),
+    }
+    for url, (kind, words) in cases.items():
+        error = _refusal(lambda url=url: jaxfeed.make("numpy", dataset=url, storage_options=opts))
+        assert isinstance(error, kind) and words in str(error), error
+        assert SECRET not in "".join(traceback.format_exception(error))
+    with store["env"].context() as env:
+        for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+            env.delenv(name)
+        error = _refusal(lambda: jaxfeed.load_dataset(f"s3://{BUCKET}/npy/", storage_options=opts))
+        assert isinstance(error, PermissionError), error
+        assert "credentials" in str(error) and f"s3://{BUCKET}/npy/" in str(error)
+    error = _refusal(
+        lambda: jaxfeed.load_dataset(
+            f"s3://{BUCKET}/empty/", storage_options={**opts, "secret": SECRET + "2"}
+        )
+    )
+    assert SECRET not in "".join(traceback.format_exception(error))
+    source = jaxfeed.make(
+        "numpy", dataset=f"s3://{BUCKET}/npy/", storage_options=opts, batch_size=16
+    )
+    record = json.dumps(data_record(source, dataset_used(source, f"s3://u:{SECRET}@{BUCKET}/npy/")))
+    assert SECRET not in record and SECRET not in repr(source.dataset)
+    assert SECRET.encode() not in pickle.dumps(source.dataset.origin)
+    out, err = capfd.readouterr()
+    assert SECRET not in out + err
+    assert "storage_options= is for a dataset URL" in str(
+        _refusal(lambda: jaxfeed.load_dataset("mnist-sample", storage_options=opts))
+    )
+
+
+def test_a_dataset_past_the_cache_bound_is_refused(store):
+    store["s3"].put_object(Bucket=BUCKET, Key="big/train/x.npy", Body=_npy(np.zeros(400)))
+    with store["env"].context() as env:
+        env.setenv("JAXFEED_CACHE_BYTES", "1000")
+        with pytest.raises(ValueError, match=r"more than its bound of 1,000 bytes.*JAXFEED_CACHE"):
+            jaxfeed.load_dataset(f"s3://{BUCKET}/big/", storage_options=_opts(store))
+
+
+def test_the_cache_evicts_the_least_recently_used_and_keeps_what_is_in_use(tmp_path):
+    cache = ObjectCache(tmp_path, max_bytes=250)
+    for key in ("old", "used", "newer"):  # entries of a run that ended: unpinned
+        (tmp_path / key).mkdir()
+        (tmp_path / key / "f").write_bytes(b"x" * 80)
+        time.sleep(0.01)  # distinct modification times: the LRU order
+    held = os.open(tmp_path / "used" / "f", os.O_RDONLY)
+    fcntl.flock(held, fcntl.LOCK_SH)  # another process reads it
+    os.utime(tmp_path / "used", ns=(0, 0))  # the least recent, but in use
+    try:
+        path = cache.entry("new", "f", 80, lambda f: f.write(b"y" * 80), keep=set())
+        assert path.read_bytes() == b"y" * 80
+        assert sorted(p.name for p in tmp_path.iterdir() if p.is_dir()) == [
+            "new",
+            "newer",
+            "used",
+        ]
+        with pytest.raises(ValueError, match=r"more than its bound of 250 bytes"):
+            cache.entry("big", "f", 251, lambda f: None, keep=set())
+        with pytest.raises(ConnectionError, match="fetched 10 bytes of 80"):  # never kept short
+            cache.entry("short", "f", 80, lambda f: f.write(b"z" * 10), keep=set())
+        assert not (tmp_path / "short").exists() and not (tmp_path / "short.part").exists()
+        total = sum(f.stat().st_size for f in tmp_path.rglob("*") if f.is_file())
+        assert total <= 250
+    finally:
+        os.close(held)
+
+
+def test_transient_errors_are_retried_and_the_last_one_named():
+    calls = []
+
+    def flaky():
+        calls.append(1)
+        if len(calls) < 3:
+            raise ConnectionResetError("reset by peer")
+        return b"ok"
+
+    assert with_retries(flaky, what="u", transient=door.is_transient, budget_s=5) == b"ok"
+    with pytest.raises(RetriesExhausted, match=r"s3://b/k bytes 0-9: failed \d+ time.*reset"):
+        with_retries(
+            lambda: flaky() and (_ for _ in ()).throw(ConnectionResetError("reset")),
+            what="s3://b/k bytes 0-9",
+            transient=door.is_transient,
+            budget_s=0.2,
+        )
+    missing = []
+    with pytest.raises(FileNotFoundError):  # not transient: at once
+        with_retries(
+            lambda: missing.append(1) or (_ for _ in ()).throw(FileNotFoundError("gone")),
+            what="u",
+            transient=door.is_transient,
+            budget_s=5,
+        )
+    assert len(missing) == 1
+
+
+def test_a_short_body_is_transient_and_never_served():
+    class Short:
+        def cat_file(self, path, start, end):
+            return b"x" * (end - start - 1)
+
+    with pytest.raises(ConnectionError, match="cut short") as caught:
+        door.read_range(Short(), "k", 0, 10)
+    assert door.is_transient(caught.value)
+
+    class SlowDown(Exception):
+        response = {"Error": {"Code": "SlowDown"}, "ResponseMetadata": {"HTTPStatusCode": 503}}
+
+    wrapped = OSError("translated")
+    wrapped.__cause__ = SlowDown()
+    assert door.is_transient(wrapped) and not door.is_transient(PermissionError("denied"))
