@@ -125,6 +125,143 @@ def torch_sampler():  # a sampler of its own, drawing from its own generator
     return {"obj": torch.utils.data.DataLoader(Rows(), batch_size=16, sampler=order)}
 
 
+# --- mixtures a user built with their framework's own tool (issue 44) ----------------------
+# Two sources told apart by their labels: "web" 0..139 and "code" 1000..1059, mixed
+# 0.7 : 0.3 (jaxfeed's own spelling is jaxfeed.Mixture, in jaxfeed.make).
+WEIGHTS = (0.7, 0.3)
+
+
+def _part(name):
+    rng = np.random.default_rng(len(name))
+    first, count = {"web": (0, 140), "code": (1000, 60)}[name]
+    return {
+        "x": rng.normal(size=(count, 3)).astype(np.float32),
+        "label": np.arange(first, first + count, dtype=np.int32),
+    }
+
+
+def _grain_part(name, seed):
+    import grain
+
+    part = _part(name)
+    rows = grain.MapDataset.range(len(part["label"])).map(
+        lambda i: {k: v[i] for k, v in part.items()}
+    )
+    return rows.shuffle(seed=seed)
+
+
+def grain_mix_map():  # random access: read in the shared sampler's order
+    import grain
+
+    mixed = grain.MapDataset.mix([_grain_part("web", 1), _grain_part("code", 2)], list(WEIGHTS))
+    return {"obj": mixed.batch(16), "seed": 4}
+
+
+def grain_mix_iter():  # a stream: Grain's iterator state
+    import grain
+
+    parts = [_grain_part("web", 1).to_iter_dataset(), _grain_part("code", 2).to_iter_dataset()]
+    return {"obj": grain.IterDataset.mix(parts, list(WEIGHTS)).batch(16)}
+
+
+def hf_interleave(seed=0):  # a stream: HF's state_dict holds the sampling generator's state
+    import datasets
+
+    parts = [datasets.Dataset.from_dict(_part(n)).to_iterable_dataset(2) for n in ("web", "code")]
+    mixed = datasets.interleave_datasets(parts, probabilities=list(WEIGHTS), seed=seed)
+    return {"obj": mixed, "batch_size": 16}
+
+
+def hf_interleave_unseeded():  # epoch 0 draws from the OS; later ones from the epoch number
+    return hf_interleave(seed=None)
+
+
+def hf_interleave_table():  # a datasets.Dataset: random access
+    import datasets
+
+    parts = [datasets.Dataset.from_dict(_part(n)) for n in ("web", "code")]
+    mixed = datasets.interleave_datasets(parts, probabilities=list(WEIGHTS), seed=0)
+    return {"obj": mixed, "batch_size": 16, "seed": 4}
+
+
+def _tf_part(name, seed):
+    import tensorflow as tf
+
+    return tf.data.Dataset.from_tensor_slices(_part(name)).shuffle(60, seed=seed)
+
+
+def tf_sample():  # tf.data's checkpoint holds the sampling state
+    import tensorflow as tf
+
+    parts = [_tf_part("web", 1), _tf_part("code", 2)]
+    return {"obj": tf.data.Dataset.sample_from_datasets(parts, list(WEIGHTS), seed=0).batch(16)}
+
+
+def tf_choose():  # a seeded random choice of source, 7 in 10 "web"
+    import tensorflow as tf
+
+    choice = tf.data.Dataset.random(seed=3).map(lambda x: tf.cast(x % 10 >= 7, tf.int64))
+    parts = [_tf_part("web", 1), _tf_part("code", 2)]
+    return {"obj": tf.data.Dataset.choose_from_datasets(parts, choice).batch(16)}
+
+
+def _torch_concat():
+    import torch
+
+    class Rows(torch.utils.data.Dataset):
+        def __init__(self, name):
+            self.rows = _part(name)
+
+        def __len__(self):
+            return len(self.rows["label"])
+
+        def __getitem__(self, i):
+            return {k: v[i] for k, v in self.rows.items()}
+
+    return torch.utils.data.ConcatDataset([Rows("web"), Rows("code")])
+
+
+def _weighted(generator):
+    import torch
+
+    both = _torch_concat()
+    sizes = [len(d) for d in both.datasets]
+    weights = torch.cat([torch.full((n,), w / n) for n, w in zip(sizes, WEIGHTS, strict=True)])
+    sampler = torch.utils.data.WeightedRandomSampler(weights, 200, generator=generator)
+    return {"obj": torch.utils.data.DataLoader(both, batch_size=16, sampler=sampler)}
+
+
+def torch_weighted():  # its own generator, seeded
+    import torch
+
+    return _weighted(torch.Generator().manual_seed(5))
+
+
+def torch_weighted_global():  # no generator: it draws from torch's global one
+    return _weighted(None)
+
+
+def torch_concat():  # shuffle=True: random access, read in the shared sampler's order
+    import torch
+
+    loader = torch.utils.data.DataLoader(_torch_concat(), batch_size=16, shuffle=True)
+    return {"obj": loader, "seed": 4}
+
+
+# kind -> (builder, epoch E, batch K)
+MIXTURES = {
+    "grain-mix-map": (grain_mix_map, 1, 3),
+    "grain-mix-iter": (grain_mix_iter, 1, 3),
+    "hf-interleave": (hf_interleave, 1, 3),
+    "hf-interleave-unseeded": (hf_interleave_unseeded, 0, 3),
+    "hf-interleave-table": (hf_interleave_table, 1, 3),
+    "tf-sample": (tf_sample, 1, 3),
+    "tf-choose": (tf_choose, 1, 3),
+    "torch-weighted": (torch_weighted, 1, 3),
+    "torch-weighted-global": (torch_weighted_global, 1, 3),
+    "torch-concat": (torch_concat, 1, 3),
+}
+
 # kind -> (builder, epoch E, batch K)
 KINDS = {
     "tf": (tf_shuffled, 1, 3),
@@ -137,12 +274,13 @@ KINDS = {
     "torch": (torch_iterable, 2, 3),
     "torch-sampler": (torch_sampler, 2, 4),
 }
+EVERY = {**KINDS, **MIXTURES}
 
 
 def _source(kind):
     from jaxfeed import loaders
 
-    options = KINDS[kind][0]()
+    options = EVERY[kind][0]()
     return loaders.wrap(options.pop("obj"), **options)
 
 
@@ -150,7 +288,7 @@ def _save(kind):
     from jaxfeed.sharding import DeviceFeed
 
     source = _source(kind)
-    _, epoch, k = KINDS[kind]
+    _, epoch, k = EVERY[kind]
     out = {}
     for e in range(epoch):
         out[e] = list(source.iter_epoch(e))
@@ -165,7 +303,7 @@ def _save(kind):
 
 def _resume(kind, state):
     source = _source(kind)
-    _, epoch, k = KINDS[kind]
+    _, epoch, k = EVERY[kind]
     source.restore_data_state(state)
     resumed = list(source.iter_epoch(epoch, start=k))
     return {epoch: resumed, epoch + 1: list(source.iter_epoch(epoch + 1))}

@@ -200,6 +200,18 @@ PASS_THROUGH = frozenset(
     }
 )
 REPEAT = "_RepeatDataset"
+RANDOM = "_RandomDataset"  # Dataset.random(), and sample_from_datasets' choice of source
+MIX = "_DirectedInterleaveDataset"  # sample/choose_from_datasets: inputs[0] picks the source
+OPAQUE = "_VariantDataset"  # a dataset known only by its graph (choose_from_datasets' choice)
+# Graph ops that draw random numbers, and the positions of their (seed, seed2) inputs.
+SEEDED_OPS = {
+    "RandomDataset": (0, 1),
+    "RandomDatasetV2": (0, 1),
+    "ShuffleDataset": (2, 3),
+    "ShuffleDatasetV3": (2, 3),
+    "ShuffleAndRepeatDataset": (2, 3),
+    "ShuffleAndRepeatDatasetV2": (2, 3),
+}
 
 
 def pipeline_inputs(node: Any) -> list[Any]:
@@ -219,4 +231,26 @@ def reshuffles_each_iteration(node: Any) -> bool:
     that reshuffles on each iteration (private ``_reshuffle_each_iteration``)."""
     return type(node).__name__ == "_ShuffleDataset" and bool(
         getattr(node, "_reshuffle_each_iteration", 0)
+    )
+
+
+def unseeded_in_graph(dataset: Any) -> bool:
+    """Whether a random op of ``dataset``'s graph has no seed (both 0), for a
+    dataset whose Python inputs are hidden: choose_from_datasets rewrites its
+    choice dataset into an `OPAQUE` one (private ``_as_serialized_graph``)."""
+    import tensorflow as tf
+
+    graph = tf.compat.v1.GraphDef.FromString(dataset._as_serialized_graph().numpy())
+    nodes = {node.name: node for node in graph.node}
+
+    def constant(name: str) -> int | None:
+        node = nodes.get(name.split(":")[0])
+        if node is None or node.op != "Const":
+            return None
+        return int(tf.make_ndarray(node.attr["value"].tensor))
+
+    return any(
+        all(constant(node.input[i]) == 0 for i in SEEDED_OPS[node.op])
+        for node in graph.node
+        if node.op in SEEDED_OPS
     )

@@ -27,6 +27,10 @@ SHARD_YOURSELF = (
     "Shard it yourself (keep every process_count-th batch, from the process_index-th), "
     "and pass process_index=0, process_count=1 to say each process's stream is its own"
 )
+# jaxfeed's own mixture, which resumes exactly (and elastically) on every backend.
+MIXTURE = (
+    "jaxfeed.make(backend, dataset=jaxfeed.Mixture({...}, weights={...}), batch_size=..., seed=...)"
+)
 
 
 def own_order(kind: str, settings: WrapSettings, why: str) -> None:

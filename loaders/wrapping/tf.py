@@ -28,7 +28,7 @@ from jaxfeed.loaders._doors import tf as tf_door
 from jaxfeed.loaders.wrapping.epochs import Epochs, WrapSettings
 from jaxfeed.loaders.wrapping.random_access import RandomAccess, sampled_epochs, stack
 from jaxfeed.loaders.wrapping.raw_batches import map_leaves
-from jaxfeed.loaders.wrapping.streams import own_order, stream_epochs
+from jaxfeed.loaders.wrapping.streams import MIXTURE, own_order, stream_epochs
 
 
 def _leading_dim(spec: Any) -> int | None:
@@ -286,16 +286,25 @@ def _shuffle_state_lost(dataset: Any) -> str | None:
 
 def _fresh_shuffle(dataset: Any) -> str | None:
     """Why a pass-by-pass pipeline cannot be resumed exactly: an unseeded
-    ``.shuffle()`` draws the order of every pass after a resume from a fresh
-    process's random seed, so those epochs would differ from the run's (the
-    interrupted epoch itself is restored). None when every shuffle is seeded."""
-    if not _unseeded_shuffle(dataset):
+    ``.shuffle()`` (or mixture, `_unseeded_random`) draws the order of every
+    pass after a resume from a fresh process's random seed, so those epochs
+    would differ from the run's (the interrupted epoch itself is restored).
+    None when every random step is seeded."""
+    what = _unseeded_random(dataset)
+    if what is None:
         return None
+    if what == _MIXING:
+        return (
+            f"its {what} draws without a seed, so after a resume (a fresh process) every "
+            f"later epoch would mix the sources in another order than the run it continues; "
+            f"{_SEED_THE_MIX}"
+        )
+    example = " (e.g. .shuffle(1000, seed=0): each epoch still reshuffles)"
     return (
-        "its .shuffle() has no seed, so after a resume (a fresh process) every later epoch "
-        "would be shuffled differently from the run it continues; pass seed= to .shuffle() "
-        "(e.g. .shuffle(1000, seed=0): each epoch still reshuffles), or call "
-        "tf.random.set_seed(...) before building the pipeline"
+        f"its {what} has no seed, so after a resume (a fresh process) every later epoch "
+        f"would be shuffled differently from the run it continues; pass seed= to {what}"
+        f"{example if what == '.shuffle()' else ''}, or call tf.random.set_seed(...) before "
+        f"building the pipeline"
     )
 
 
@@ -315,31 +324,60 @@ def _zeros_of(spec: Any) -> np.ndarray:
 
 def _check_shardable(dataset: Any) -> None:
     """Refuses a pipeline whose order may differ between processes (an
-    unseeded shuffle), which ``Dataset.shard`` would split into overlapping rows."""
-    if _unseeded_shuffle(dataset):
+    unseeded shuffle or mixture), which ``Dataset.shard`` would split into
+    overlapping rows."""
+    what = _unseeded_random(dataset)
+    if what == _MIXING:
         raise ValueError(
-            "the wrapped tf.data.Dataset shuffles without a seed, so each process would "
-            "shuffle differently and Dataset.shard(process_count, process_index) would "
-            "give processes overlapping rows; pass seed= to .shuffle() (the same on every "
-            "process), or shard it yourself before shuffling and pass process_count=1"
+            f"the wrapped tf.data.Dataset mixes its sources without a seed (its {what}), so "
+            f"each process would mix them differently and Dataset.shard(process_count, "
+            f"process_index) would give processes overlapping rows; {_SEED_THE_MIX}"
+        )
+    if what is not None:
+        raise ValueError(
+            f"the wrapped tf.data.Dataset shuffles without a seed (its {what}), so each "
+            f"process would shuffle differently and Dataset.shard(process_count, "
+            f"process_index) would give processes overlapping rows; pass seed= to {what} "
+            f"(the same on every process), or shard it yourself before shuffling and pass "
+            f"process_count=1"
         )
 
 
-def _unseeded_shuffle(dataset: Any) -> bool:
-    """Whether a ``.shuffle()`` of the pipeline has no seed (neither its own nor
-    one from ``tf.random.set_seed``): its order then differs in every process.
+_MIXING = "sample_from_datasets() / choose_from_datasets() choice of source"
+_SEED_THE_MIX = (
+    "pass seed= to sample_from_datasets() (for choose_from_datasets(), to the random op "
+    "of its choice dataset), or call tf.random.set_seed(...) before building the "
+    f"pipeline; or mix with jaxfeed itself, which resumes exactly on every backend: {MIXTURE}"
+)
+
+
+def _unseeded_random(dataset: Any) -> str | None:
+    """What in the pipeline draws random numbers without a seed (neither its
+    own nor one from ``tf.random.set_seed``), so another order in every
+    process: ``.shuffle()``, ``Dataset.random()``, or a mixture's choice of
+    source (`_MIXING`); None when nothing does.
 
     TF has no public way to walk a pipeline: the tf door reads its inputs
-    and a shuffle's seeds (both 0 when unseeded).
+    and a random step's seeds (both 0 when unseeded).
     """
-    todo = [dataset]
+    todo = [(dataset, None)]  # (node, _MIXING under a mixture's choice of source)
     while todo:
-        node = todo.pop()
+        node, mixing = todo.pop()
+        name = type(node).__name__
+        inputs = tf_door.pipeline_inputs(node)
         seeds = tf_door.shuffle_seeds(node)
-        if "Shuffle" in type(node).__name__ and all(s is not None and int(s) == 0 for s in seeds):
-            return True
-        todo.extend(tf_door.pipeline_inputs(node))
-    return False
+        unseeded = all(s is not None and int(s) == 0 for s in seeds)
+        if "Shuffle" in name and unseeded:
+            return mixing or ".shuffle()"
+        if name == tf_door.RANDOM and unseeded:
+            return mixing or "Dataset.random()"
+        if name == tf_door.OPAQUE and tf_door.unseeded_in_graph(node):
+            return mixing or "Dataset.random()"
+        if name == tf_door.MIX and inputs:
+            todo.append((inputs[0], _MIXING))
+            inputs = inputs[1:]
+        todo.extend((child, mixing) for child in inputs)
+    return None
 
 
 # --- TFDS data sources: random access, read in the shared sampler's order ---------------

@@ -46,6 +46,7 @@ from jaxfeed.loaders.wrapping.random_access import (
 )
 from jaxfeed.loaders.wrapping.seeded import seeded_globals
 from jaxfeed.loaders.wrapping.streams import (
+    MIXTURE,
     SHARD_YOURSELF,
     IterCursor,
     length,
@@ -413,6 +414,11 @@ def _loader_stream(loader: Any, settings: WrapSettings, why: str, context: Any) 
             "num_replicas=process_count, rank=process_index), or build the DataLoader "
             "with shuffle=True/False (no sampler) so wrap slices it"
         )
+        if type(loader.sampler).__name__ == "WeightedRandomSampler":
+            fix += (
+                f"; for a weighted mix of datasets (a WeightedRandomSampler over a "
+                f"ConcatDataset), jaxfeed's own mixture gives each process its share: {MIXTURE}"
+            )
     if not _sharded_by_torch(candidates, settings):
         one_process(kind, settings, why, fix)
     num = length(loader)

@@ -330,6 +330,11 @@ def test_tf_step_class_names():
             rows.skip(2),
         ],
         frozenset({tf_door.REPEAT}): [rows.repeat()],
+        frozenset({tf_door.RANDOM}): [tf.data.Dataset.random(seed=1)],
+        frozenset({tf_door.MIX}): [
+            tf.data.Dataset.sample_from_datasets([rows, rows], seed=1),
+            tf.data.Dataset.choose_from_datasets([rows, rows], rows.map(lambda x: x % 2)),
+        ],
     }
     for names, datasets in steps.items():
         for dataset in datasets:
@@ -340,6 +345,29 @@ def test_tf_step_class_names():
                 "tensorflow",
                 f"tf.data step class {name} is not among those the door expects: {sorted(names)}",
             )
+
+
+def test_tf_unseeded_in_graph():
+    tf = tf_door.import_tensorflow()
+    rows = tf.data.Dataset.range(8)
+
+    def choice(seed):  # choose_from_datasets hides its choice behind an opaque dataset
+        picks = tf.data.Dataset.random(seed=seed).map(lambda x: x % 2)
+        mixed = tf.data.Dataset.choose_from_datasets([rows, rows], picks)
+        hidden = tf_door.pipeline_inputs(mixed)[0]
+        name = type(hidden).__name__
+        expect(name == tf_door.OPAQUE, "tf", "tensorflow", f"the choice's step is {name}")
+        return hidden
+
+    got = read("tf", "tensorflow", tf_door.unseeded_in_graph, choice(3))
+    expect(got is False, "tf", "tensorflow", "a seeded Dataset.random() reads as unseeded")
+    got = read("tf", "tensorflow", tf_door.unseeded_in_graph, rows.shuffle(4, seed=2))
+    expect(got is False, "tf", "tensorflow", "a seeded .shuffle() reads as unseeded")
+    if _no_global_seed():
+        got = read("tf", "tensorflow", tf_door.unseeded_in_graph, choice(None))
+        expect(got is True, "tf", "tensorflow", "an unseeded Dataset.random() reads as seeded")
+        got = read("tf", "tensorflow", tf_door.unseeded_in_graph, rows.shuffle(4))
+        expect(got is True, "tf", "tensorflow", "an unseeded .shuffle() reads as seeded")
 
 
 # --- Hugging Face datasets -----------------------------------------------------------------
