@@ -54,7 +54,10 @@ def rows_per_s(source, batches: int) -> float:
 
 def grain_mix(comps, weights, workers: int):
     import grain
+    from absl import flags
 
+    if not flags.FLAGS.is_parsed():  # Grain's workers read its flags
+        flags.FLAGS.mark_as_parsed()
     sources = [
         grain.MapDataset.source(
             [{"image": c["image"][i], "label": c["label"][i]} for i in range(len(c["label"]))]

@@ -260,15 +260,19 @@ class MixturePlan:
         phase = later[-1] if later else self.phase_of(epoch, 0)
         return self.shape(phase)[0]
 
-    def labels(self, phase: int, epoch: int) -> np.ndarray:
-        """``[num_batches, G]`` component indices of ``epoch`` under ``phase``."""
-        key = (phase, epoch)
+    def _cached(self, key: tuple, make: Any) -> Any:
+        """``make()``, kept for the last few ``key``s (an epoch's plan is read
+        batch after batch, and by every component's reads)."""
         with self._lock:
             if key not in self._cache:
-                if len(self._cache) >= 4:
+                if len(self._cache) >= 16:
                     self._cache.pop(next(iter(self._cache)))
-                self._cache[key] = self._labels(phase, epoch)
+                self._cache[key] = make()
             return self._cache[key]
+
+    def labels(self, phase: int, epoch: int) -> np.ndarray:
+        """``[num_batches, G]`` component indices of ``epoch`` under ``phase``."""
+        return self._cached(("labels", phase, epoch), lambda: self._labels(phase, epoch))
 
     def _labels(self, phase: int, epoch: int) -> np.ndarray:
         nb, totals, counts = self.shape(phase)
@@ -282,6 +286,9 @@ class MixturePlan:
     def before(self, phase: int, epoch: int) -> np.ndarray:
         """``[num_batches + 1, n]``: rows of each component in the batches
         before each batch of ``epoch`` under ``phase``."""
+        return self._cached(("before", phase, epoch), lambda: self._before(phase, epoch))
+
+    def _before(self, phase: int, epoch: int) -> np.ndarray:
         nb, _, counts = self.shape(phase)
         if counts is None:
             labels = self.labels(phase, epoch).astype(np.int64)
@@ -330,3 +337,9 @@ class MixturePlan:
                     keep &= g < stop
                 out.append(g[keep])
         return np.concatenate(out) if out else np.zeros(0, np.int64)
+
+    def _ordinals(self, phase: int, epoch: int, c: int, process: int, local_batch: int):
+        """Which of component ``c``'s rows of ``epoch`` (0, 1, ... in slot
+        order) fall in ``process``'s slots."""
+        slots = np.flatnonzero(self.labels(phase, epoch).reshape(-1) == c)
+        return np.flatnonzero((slots % self.global_batch) // local_batch == process)
