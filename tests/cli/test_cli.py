@@ -238,6 +238,7 @@ def test_python_dash_m_and_devices_flag():
     result = _jaxfeed("train", "--epochs", "1", "--batch-size", "96", "--devices", "3", "--quiet")
     assert result.returncode == 0, result.stderr
     assert "devices=3 (cpu)" in result.stdout and "epoch 1/1" in result.stdout
+    assert "batch " not in result.stdout  # --quiet off a terminal: no progress lines
 
 
 def test_user_error_is_one_stderr_line_in_a_fresh_process():
