@@ -18,7 +18,7 @@ import os
 import statistics
 import time
 
-import common  # noqa: F401  (the repository on sys.path)
+import common  # the repository on sys.path
 import numpy as np
 
 from jaxfeed import Mixture, loaders
@@ -121,8 +121,14 @@ def main() -> None:
         ]
         ratio = median / min(alone) if name == "mixture" and alone else None
         results.append(
-            {"backend": backend, "workers": workers, "read": name, "rows_per_s": got,
-             "median": median, "vs_slowest_alone": ratio}
+            {
+                "backend": backend,
+                "workers": workers,
+                "read": name,
+                "rows_per_s": got,
+                "median": median,
+                "vs_slowest_alone": ratio,
+            }
         )
         print(
             f"{backend:10} {workers:>7} {name:>8} {median:>10,.0f}"
@@ -144,10 +150,18 @@ def main() -> None:
         print(f"resume at batch {k:,}: first batch in {resume[k] * 1e3:.1f} ms")
     share = source.proportions(0, range(1000))["small"]
     bound = 5 * np.sqrt(0.3 * 0.7 / (1000 * BATCH))
-    print(f"realized weight of 'small' over 1,000 batches: {share:.4f} (asked 0.3, 5 sd {bound:.4f})")
+    print(
+        f"realized weight of 'small' over 1,000 batches: {share:.4f} (asked 0.3, 5 sd {bound:.4f})"
+    )
     common.write_record(
-        "mixtures", args, results, load=load, resume_seconds=resume,
-        realized_small_1000=share, bound_5sd=bound, cpu_count=os.cpu_count(),
+        "mixtures",
+        args,
+        results,
+        load=load,
+        resume_seconds=resume,
+        realized_small_1000=share,
+        bound_5sd=bound,
+        cpu_count=os.cpu_count(),
     )
 
 
