@@ -44,7 +44,7 @@ from jaxfeed.loaders.wrapping.random_access import (
     read_record,
     sampled_epochs,
 )
-from jaxfeed.loaders.wrapping.seeded import seeded_globals
+from jaxfeed.loaders.wrapping.seeded import GlobalDraws
 from jaxfeed.loaders.wrapping.streams import (
     SHARD_YOURSELF,
     IterCursor,
@@ -202,13 +202,13 @@ class _Rows(list):
 class _SeededBatches:
     """The user's map-style dataset and collate function, a batch at a time,
     with torch's, numpy's and Python's global generators seeded by ``(seed,
-    epoch, the batch's rows)`` and restored after (`seeded_globals`): a
-    ``__getitem__`` or collate that draws random numbers (an augmentation)
-    draws the same for the same batch in any process, worker or resume, and a
-    new draw every epoch."""
+    epoch, the batch's rows)`` and restored after (`seeded_globals`), once
+    the reading is seen to draw from them (`GlobalDraws`): a ``__getitem__``
+    or collate that draws random numbers (an augmentation) draws the same for
+    the same batch in any process, worker or resume, and a new draw every epoch."""
 
     def __init__(self, dataset: Any, collate: Callable, seed: int):
-        self.dataset, self.collate, self.seed = dataset, collate, seed
+        self.dataset, self.collate, self.draws = dataset, collate, GlobalDraws(seed)
 
     def __len__(self) -> int:
         return len(self.dataset)
@@ -217,14 +217,16 @@ class _SeededBatches:
         return self.dataset[index]
 
     def __getitems__(self, rows: _Rows) -> _Collated:
-        with seeded_globals(self.seed, rows.epoch, rows):
-            getitems = getattr(self.dataset, "__getitems__", None)
-            if getitems:
-                records = getitems(list(rows))
-            else:
-                read = self.dataset.__getitem__
-                records = [read_record(read, i, rows.epoch, "torch Dataset") for i in rows]
-            return _Collated(self.collate(records))
+        return _Collated(self.draws.read(rows.epoch, rows, lambda: self._collated(rows)))
+
+    def _collated(self, rows: _Rows) -> Any:
+        getitems = getattr(self.dataset, "__getitems__", None)
+        if getitems:
+            records = getitems(list(rows))
+        else:
+            read = self.dataset.__getitem__
+            records = [read_record(read, i, rows.epoch, "torch Dataset") for i in rows]
+        return self.collate(records)
 
 
 class _Collated:
