@@ -7,7 +7,8 @@ Keras 3 ``model.fit(loader)`` (JAX backend, the same MLP), each run in a fresh
 process (`jaxfeed.compare.workloads.copy.fresh`), the two sides interleaved
 (jaxfeed, keras, jaxfeed, keras, ...) so a slow spell hits both. A run's
 epoch is the median of its epochs 2..; the figure is the median over runs
-of jaxfeed's epoch over Keras's.
+of jaxfeed's epoch over Keras's, and of their process CPU seconds per epoch
+(all threads), which other work on a shared machine sways less.
 
 Then, in this process, what `wrap` adds to reading the loader: one epoch
 bare and through ``wrap`` (interleaved), and the µs per batch of
@@ -32,6 +33,7 @@ from jaxfeed.compare.workloads.copy import baselines, fresh
 
 def _fits(args) -> dict:
     runs = {"jaxfeed": [], "keras": []}
+    cpu = {"jaxfeed": [], "keras": []}
     for repeat in range(args.repeats):
         for side in runs:
             what = fresh.spec(
@@ -40,9 +42,14 @@ def _fits(args) -> dict:
             )  # fmt: skip
             figures = fresh.measure(what)
             runs[side].append(figures["epoch_s"])
+            cpu[side].append(figures["epoch_cpu_s"])
             print(f"repeat {repeat}: {side:8s} epoch {figures['epoch_s']:.3f} s", flush=True)
     ratios = [j / k for j, k in zip(runs["jaxfeed"], runs["keras"], strict=True)]
+    cpu_ratios = [j / k for j, k in zip(cpu["jaxfeed"], cpu["keras"], strict=True)]
     return {
+        "jaxfeed_epoch_cpu_s": cpu["jaxfeed"],
+        "keras_epoch_cpu_s": cpu["keras"],
+        "cpu_median_ratio": round(statistics.median(cpu_ratios), 3),
         "jaxfeed_epoch_s": runs["jaxfeed"],
         "keras_epoch_s": runs["keras"],
         "ratios": [round(r, 3) for r in ratios],
@@ -119,7 +126,8 @@ def main() -> None:
     )
     fits = None if args.skip_fit else _fits(args)
     if fits:
-        print(f"jaxfeed / keras epoch: median {fits['median_ratio']} of {fits['ratios']}")
+        print(f"jaxfeed / keras epoch: median {fits['median_ratio']} of {fits['ratios']}; "
+              f"CPU s per epoch: median {fits['cpu_median_ratio']}")  # fmt: skip
     load["end"] = os.getloadavg()[0]
     write_record(
         "wrap-keras", args, [{"reading": reading, "fit": fits}], load_average=load,

@@ -41,7 +41,7 @@ from jaxfeed.loaders.wrapping.epochs import Epochs, WrapSettings
 from jaxfeed.loaders.wrapping.random_access import (
     RandomAccess,
     class_names,
-    read_record,
+    read_records,
     sampled_epochs,
 )
 from jaxfeed.loaders.wrapping.seeded import GlobalDraws
@@ -224,8 +224,7 @@ class _SeededBatches:
         if getitems:
             records = getitems(list(rows))
         else:
-            read = self.dataset.__getitem__
-            records = [read_record(read, i, rows.epoch, "torch Dataset") for i in rows]
+            records = read_records(self.dataset.__getitem__, rows, rows.epoch, "torch Dataset")
         return self.collate(records)
 
 
