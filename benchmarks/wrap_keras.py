@@ -5,7 +5,9 @@ more repeats: the tutorial ``DataLoader`` (per-sample ``__getitem__``,
 ``shuffle=True``) trained by ``jaxfeed.mnist.train(wrap(loader))`` and by
 Keras 3 ``model.fit(loader)`` (JAX backend, the same MLP), each run in a fresh
 process (`jaxfeed.compare.workloads.copy.fresh`), the two sides interleaved
-(jaxfeed, keras, jaxfeed, keras, ...) so a slow spell hits both. A run's
+(jaxfeed, keras, jaxfeed, keras, ...) so a slow spell hits both; with
+``--baseline-root DIR``, a third side trains with another checkout's jaxfeed
+(the code before a change), in the same rotation. A run's
 epoch is the median of its epochs 2..; the figure is the median over runs
 of jaxfeed's epoch over Keras's, and of their process CPU seconds per epoch
 (all threads), which other work on a shared machine sways less.
@@ -15,14 +17,20 @@ bare and through ``wrap`` (interleaved), and the µs per batch of
 `seeded_globals` beside `GlobalDraws.read` on a dataset that never draws.
 
     python3 benchmarks/wrap_keras.py --data-dir ../shared/data/mnist --repeats 5
+    python3 benchmarks/wrap_keras.py --baseline-root /tmp/main-checkout   # before vs after
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 from common import SHARED_MNIST, write_record  # also puts the repo on sys.path
@@ -31,30 +39,48 @@ from jaxfeed import loaders
 from jaxfeed.compare.workloads.copy import baselines, fresh
 
 
+def _measure_in(root: str, what: dict) -> dict:
+    """`fresh.measure` with ``root``'s jaxfeed (another checkout) in the child."""
+    env = fresh.child_env()
+    env["PYTHONPATH"] = os.pathsep.join([root, env["PYTHONPATH"]])
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "figures.json"
+        command = [sys.executable, "-m", fresh.__name__, json.dumps(what), str(out)]
+        subprocess.run(command, env=env, check=True, capture_output=True, timeout=fresh.TIMEOUT_S)
+        return json.loads(out.read_text())
+
+
 def _fits(args) -> dict:
-    runs = {"jaxfeed": [], "keras": []}
-    cpu = {"jaxfeed": [], "keras": []}
+    """Interleaved runs: [jaxfeed of --baseline-root,] jaxfeed, keras; each
+    jaxfeed run's ratio to the Keras run of its repeat."""
+    sides = ["jaxfeed", "keras"] + (["baseline"] if args.baseline_root else [])
+    runs: dict[str, list[float]] = {side: [] for side in sides}
+    cpu: dict[str, list[float]] = {side: [] for side in sides}
     for repeat in range(args.repeats):
-        for side in runs:
+        for side in sides:
             what = fresh.spec(
-                side, "torch", dataset=args.dataset, data_dir=args.data_dir,
-                batch_size=args.batch_size, seed=0, epochs=args.epochs, max_batches=None,
+                "keras" if side == "keras" else "jaxfeed", "torch", dataset=args.dataset,
+                data_dir=args.data_dir, batch_size=args.batch_size, seed=0, epochs=args.epochs,
+                max_batches=None,
             )  # fmt: skip
-            figures = fresh.measure(what)
+            figures = (
+                _measure_in(args.baseline_root, what) if side == "baseline" else fresh.measure(what)
+            )
             runs[side].append(figures["epoch_s"])
             cpu[side].append(figures["epoch_cpu_s"])
             print(f"repeat {repeat}: {side:8s} epoch {figures['epoch_s']:.3f} s", flush=True)
-    ratios = [j / k for j, k in zip(runs["jaxfeed"], runs["keras"], strict=True)]
-    cpu_ratios = [j / k for j, k in zip(cpu["jaxfeed"], cpu["keras"], strict=True)]
-    return {
-        "jaxfeed_epoch_cpu_s": cpu["jaxfeed"],
-        "keras_epoch_cpu_s": cpu["keras"],
-        "cpu_median_ratio": round(statistics.median(cpu_ratios), 3),
-        "jaxfeed_epoch_s": runs["jaxfeed"],
-        "keras_epoch_s": runs["keras"],
-        "ratios": [round(r, 3) for r in ratios],
-        "median_ratio": round(statistics.median(ratios), 3),
-    }
+    out = {}
+    for side in sides:
+        ratios = [j / k for j, k in zip(runs[side], runs["keras"], strict=True)]
+        cpu_ratios = [j / k for j, k in zip(cpu[side], cpu["keras"], strict=True)]
+        out[side] = {"epoch_s": runs[side], "epoch_cpu_s": cpu[side]}
+        if side != "keras":
+            out[side] |= {
+                "ratios": [round(r, 3) for r in ratios],
+                "median_ratio": round(statistics.median(ratios), 3),
+                "cpu_median_ratio": round(statistics.median(cpu_ratios), 3),
+            }
+    return out
 
 
 def _reading(args) -> dict:
@@ -114,6 +140,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5, help="training runs per side")
     parser.add_argument("--reading-repeats", type=int, default=15)
     parser.add_argument("--skip-fit", action="store_true", help="the reading figures only")
+    parser.add_argument(
+        "--baseline-root", default=None, help="also train with this checkout's jaxfeed, interleaved"
+    )
     parser.add_argument("--tag", default="cpu")
     args = parser.parse_args()
     load = {"start": os.getloadavg()[0]}
@@ -125,9 +154,12 @@ def main() -> None:
         flush=True,
     )
     fits = None if args.skip_fit else _fits(args)
-    if fits:
-        print(f"jaxfeed / keras epoch: median {fits['median_ratio']} of {fits['ratios']}; "
-              f"CPU s per epoch: median {fits['cpu_median_ratio']}")  # fmt: skip
+    for side, figures in (fits or {}).items():
+        if side != "keras":
+            print(
+                f"{side} / keras epoch: median {figures['median_ratio']} of {figures['ratios']}; "
+                f"CPU s per epoch: median {figures['cpu_median_ratio']}"
+            )
     load["end"] = os.getloadavg()[0]
     write_record(
         "wrap-keras", args, [{"reading": reading, "fit": fits}], load_average=load,
