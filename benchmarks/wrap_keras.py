@@ -7,7 +7,8 @@ Keras 3 ``model.fit(loader)`` (JAX backend, the same MLP), each run in a fresh
 process (`jaxfeed.compare.workloads.copy.fresh`), the two sides interleaved
 (jaxfeed, keras, jaxfeed, keras, ...) so a slow spell hits both; with
 ``--baseline-root DIR``, a third side trains with another checkout's jaxfeed
-(the code before a change), in the same rotation. A run's
+(the code before a change; its ``.venv`` holds an editable install of it),
+in the same rotation. A run's
 epoch is the median of its epochs 2..; the figure is the median over runs
 of jaxfeed's epoch over Keras's, and of their process CPU seconds per epoch
 (all threads), which other work on a shared machine sways less.
@@ -27,7 +28,6 @@ import json
 import os
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -40,12 +40,13 @@ from jaxfeed.compare.workloads.copy import baselines, fresh
 
 
 def _measure_in(root: str, what: dict) -> dict:
-    """`fresh.measure` with ``root``'s jaxfeed (another checkout) in the child."""
-    env = fresh.child_env()
-    env["PYTHONPATH"] = os.pathsep.join([root, env["PYTHONPATH"]])
+    """`fresh.measure` in another checkout ``root``: its ``.venv``'s Python (an
+    editable install of it, which maps ``jaxfeed.loaders`` to its ``loaders/``)."""
+    env = fresh.child_env() | {"PYTHONPATH": root}
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "figures.json"
-        command = [sys.executable, "-m", fresh.__name__, json.dumps(what), str(out)]
+        python = str(Path(root) / ".venv" / "bin" / "python")
+        command = [python, "-m", fresh.__name__, json.dumps(what), str(out)]
         subprocess.run(command, env=env, check=True, capture_output=True, timeout=fresh.TIMEOUT_S)
         return json.loads(out.read_text())
 
