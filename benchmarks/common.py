@@ -29,12 +29,14 @@ def git_state() -> dict[str, object]:
     return {"commit": git("rev-parse", "HEAD") or None, "modified": [c[3:] for c in changed]}
 
 
-def write_record(script: str, args: object, results: list, **about: object) -> Path:
-    """Writes ``results/<script>-<args.tag>.json``: the command that made it
-    (every argument spelled out), the code measured, ``about`` the machine, and
-    the results."""
+def write_record(
+    script: str, args: object, results: list, out_dir: Path = RESULTS, **about: object
+) -> Path:
+    """Writes ``<out_dir>/<script>-<args.tag>.json`` (``results/`` by default):
+    the command that made it (every argument spelled out), the code measured,
+    ``about`` the machine, and the results."""
     options = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items())
-    out = RESULTS / f"{script}-{args.tag}.json"
+    out = Path(out_dir) / f"{script}-{args.tag}.json"
     record = {
         "command": f"python3 benchmarks/{script.replace('-', '_')}.py {options}",
         "git": git_state(),

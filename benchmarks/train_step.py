@@ -177,6 +177,36 @@ def _mlp(train_source, sharding, k: int, epochs: int) -> dict:
     }
 
 
+def measure(
+    dataset: str, data_dir: str, batch_size: int, sharding, repeats: int, epochs: int, steps: int
+) -> dict:
+    """One batch size's figures (the module's list), on the numpy backend;
+    `benchmarks/accelerator.py` reuses it."""
+    source = loaders.make("numpy", dataset=dataset, data_dir=data_dir, batch_size=batch_size)
+    # At least `steps` steps (the epoch's batches, repeated; a 60k-digit
+    # epoch is 469 steps at batch 128), so the feed's set-up is spread as
+    # over a real epoch, and k=8 is 64+ transfers.
+    batches = list(source.iter_epoch(0)) * -(-steps // source.num_batches)
+    held = _Held(batches)
+    tiny = _Held(_tiny_batches(batch_size, len(batches)))
+    overhead = {k: _overhead_us(held, sharding, k, repeats) for k in (1, 8)}
+    fixed = {k: _overhead_us(tiny, sharding, k, repeats) for k in (1, 8)}
+    return {
+        "batch_size": batch_size,
+        "steps_per_epoch": source.num_batches,
+        "feed": _feed(source, sharding, repeats),
+        "step_ms": round(_step_ms(source, sharding, repeats), 4),
+        "overhead_us_per_step": {f"k={k}": round(v, 1) for k, v in overhead.items()},
+        "overhead_k1_over_k8": round(overhead[1] / overhead[8], 2),
+        "fixed_overhead_us_per_step": {f"k={k}": round(v, 1) for k, v in fixed.items()},
+        "fixed_overhead_k1_over_k8": round(fixed[1] / fixed[8], 2),
+        "overhead_parts_us_per_step": {
+            f"k={k}": _breakdown_us(held, sharding, k, repeats) for k in (1, 8)
+        },
+        "mlp": {f"k={k}": _mlp(source, sharding, k, epochs) for k in (1, 8)},
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data-dir", default=str(SHARED_MNIST))
@@ -191,39 +221,18 @@ def main() -> None:
     sharding = batch_sharding(data_mesh(jax.devices()[:1]))
     results = []
     for batch_size in map(int, args.batch_sizes.split(",")):
-        source = loaders.make(
-            "numpy", dataset=dataset, data_dir=args.data_dir, batch_size=batch_size
+        row = measure(
+            dataset, args.data_dir, batch_size, sharding, args.repeats, args.epochs, args.steps
         )
-        # At least --steps steps (the epoch's batches, repeated; a 60k-digit
-        # epoch is 469 steps at batch 128), so the feed's set-up is spread as
-        # over a real epoch, and k=8 is 64+ transfers.
-        batches = list(source.iter_epoch(0)) * -(-args.steps // source.num_batches)
-        held = _Held(batches)
-        tiny = _Held(_tiny_batches(batch_size, len(batches)))
-        overhead = {k: _overhead_us(held, sharding, k, args.repeats) for k in (1, 8)}
-        fixed = {k: _overhead_us(tiny, sharding, k, args.repeats) for k in (1, 8)}
-        row = {
-            "batch_size": batch_size,
-            "steps_per_epoch": source.num_batches,
-            "feed": _feed(source, sharding, args.repeats),
-            "step_ms": round(_step_ms(source, sharding, args.repeats), 4),
-            "overhead_us_per_step": {f"k={k}": round(v, 1) for k, v in overhead.items()},
-            "overhead_k1_over_k8": round(overhead[1] / overhead[8], 2),
-            "fixed_overhead_us_per_step": {f"k={k}": round(v, 1) for k, v in fixed.items()},
-            "fixed_overhead_k1_over_k8": round(fixed[1] / fixed[8], 2),
-            "overhead_parts_us_per_step": {
-                f"k={k}": _breakdown_us(held, sharding, k, args.repeats) for k in (1, 8)
-            },
-            "mlp": {f"k={k}": _mlp(source, sharding, k, args.epochs) for k in (1, 8)},
-        }
         results.append(row)
+        overhead, fixed = row["overhead_us_per_step"], row["fixed_overhead_us_per_step"]
         k1, k8 = row["mlp"]["k=1"], row["mlp"]["k=8"]
         print(
             f"B={batch_size:5d}  feed {row['feed']['samples_per_s']:>11,} samples/s "
             f"{row['feed']['h2d_bytes_per_s'] / 1e6:8.1f} MB/s  step {row['step_ms']:.3f} ms  "
-            f"host overhead/step k=1 {overhead[1]:6.1f} µs, k=8 {overhead[8]:6.1f} µs "
-            f"({row['overhead_k1_over_k8']:.1f}x less; with 16 floats a row {fixed[1]:.1f} vs "
-            f"{fixed[8]:.1f} µs, {row['fixed_overhead_k1_over_k8']:.1f}x less)  MLP epoch k=1 "
+            f"host overhead/step k=1 {overhead['k=1']:6.1f} µs, k=8 {overhead['k=8']:6.1f} µs "
+            f"({row['overhead_k1_over_k8']:.1f}x less; with 16 floats a row {fixed['k=1']:.1f} vs "
+            f"{fixed['k=8']:.1f} µs, {row['fixed_overhead_k1_over_k8']:.1f}x less)  MLP epoch k=1 "
             f"{k1['epoch_seconds']:.3f} s (wait {k1['data_wait_fraction']:.1%}), "
             f"k=8 {k8['epoch_seconds']:.3f} s (wait {k8['data_wait_fraction']:.1%})",
             flush=True,

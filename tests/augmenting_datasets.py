@@ -21,3 +21,18 @@ class GlobalRandomDataset(torch.utils.data.Dataset):
         noise = np.random.standard_normal(3).astype(np.float32)
         flip = random.random() < 0.5
         return {"x": noise + i, "flip": np.int32(flip), "row": np.int32(i)}
+
+
+class RarelyRandomDataset(torch.utils.data.Dataset):
+    """Row ``i``; only the last row draws (from numpy's global generator):
+    augmentation that is applied now and then."""
+
+    def __init__(self, rows: int = 64):
+        self.rows = rows
+
+    def __len__(self) -> int:
+        return self.rows
+
+    def __getitem__(self, i: int) -> dict:
+        x = np.float32(i) + (np.random.random() if i == self.rows - 1 else 0)
+        return {"x": np.array([x], np.float32), "row": np.int32(i)}

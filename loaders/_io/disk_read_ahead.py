@@ -28,7 +28,9 @@ as raise its rate. The rows may lie in several mapped chunks (`MappedRows`):
 hf reads its Arrow copy, chunk by chunk, not the dataset's files. A batch
 whose sampled rows are in memory already is skipped, so a warm dataset costs
 a few ``mincore`` calls per batch, and a read for a batch the reader has
-passed is dropped.
+passed is dropped. Rows that fit in `AHEAD_BYTES` and are all in memory
+already (a small dataset, warm) start no thread at all: its start and stop
+cost a small epoch more than its reading.
 """
 
 from __future__ import annotations
@@ -138,7 +140,7 @@ class DiskReadAhead:
         self._ahead_bytes = 0
         self.populate = populate and POPULATE  # off once the kernel refuses it
         self.depth = depth
-        if not self._fields or _MADVISE is None or not len(plan):
+        if not self._fields or _MADVISE is None or not len(plan) or _all_resident(self._fields):
             return
         self._piece = min([READ_BYTES, *(read_window(int(f.bases[0])) for f in self._fields)])
         ceiling = min(MAX_READERS, max(1, AHEAD_BYTES // self._piece))
@@ -271,6 +273,21 @@ class DiskReadAhead:
                 self.depth.done(read.nbytes, backlog=bool(self._reads))
                 self._grow()
                 self._changed.notify_all()
+
+
+def _all_resident(fields: Sequence[MappedRows]) -> bool:
+    """Whether every row of ``fields`` is in the page cache, and they span at
+    most `AHEAD_BYTES` (larger spans are not checked: their pages may go)."""
+    spans = [field.span for field in fields]
+    if _MINCORE is None or sum(stop - start for start, stop in spans) > AHEAD_BYTES:
+        return False
+    for start, stop in spans:
+        vector = ctypes.create_string_buffer(-(-(stop - start) // _PAGE))
+        if _MINCORE(start, stop - start, vector) != 0:
+            return False
+        if not np.all(np.frombuffer(vector, np.uint8) & 1):  # bit 0: the page is resident
+            return False
+    return True
 
 
 def _resident(addresses: np.ndarray, row_bytes: int) -> bool:

@@ -11,7 +11,6 @@ each reads its share from ``datasets.distributed.split_dataset_by_node``.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
@@ -23,7 +22,7 @@ from jaxfeed.loaders.wrapping.random_access import (
     RandomAccess,
     sampled_epochs,
 )
-from jaxfeed.loaders.wrapping.seeded import seeded_globals
+from jaxfeed.loaders.wrapping.seeded import GlobalDraws
 from jaxfeed.loaders.wrapping.streams import (
     IterCursor,
     own_order,
@@ -47,10 +46,11 @@ def _table_access(dataset: Any, columns: Sequence[str] | None, seed: int) -> Ran
     Without a formatting transform, the rows come in numpy format with the
     stored dtypes. With one (``set_transform`` / ``with_transform``: the
     user's augmentation and normalisation), each batch goes through it, with
-    the global generators seeded by the batch (`seeded_globals`), and
+    the global generators seeded by the batch once it draws (`GlobalDraws`), and
     ``columns`` picks from what it returns.
     """
     custom = dataset.format["type"] == "custom"
+    draws = GlobalDraws(seed)
     if custom:
         get = functools.partial(_transformed, dataset, columns)
     else:
@@ -63,9 +63,8 @@ def _table_access(dataset: Any, columns: Sequence[str] | None, seed: int) -> Ran
             first = int(indices[0])
             consecutive = np.array_equal(indices, np.arange(first, first + len(indices)))
             rows = slice(first, first + len(indices)) if consecutive else indices.tolist()
-            with seeded_globals(seed, epoch, indices) if custom else contextlib.nullcontext():
-                batch = get(rows)
-            yield batch  # (outside: the seeding is the transform's, not the reader's)
+            # (the seeding is the transform's, not the reader's: it ends before the yield)
+            yield draws.read(epoch, indices, functools.partial(get, rows)) if custom else get(rows)
 
     return RandomAccess(len(dataset), _reordered(dataset), read)
 

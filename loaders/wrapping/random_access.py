@@ -102,6 +102,21 @@ def class_names(obj: Any) -> set[str]:
     return {c.__name__ for c in type(obj).__mro__}
 
 
+def read_records(read: Callable[[int], Any], rows: Sequence[int], epoch: int, kind: str) -> list:
+    """``[read(row) for row in rows]``, an error named as `read_record` names
+    it; one loop, not a call per row (a small row's read costs little more)."""
+    records: list = []
+    append = records.append
+    try:
+        for row in rows:
+            append(read(row))
+    except Exception as error:
+        row = rows[len(records)]
+        error.add_note(f"(raised reading row {row} of epoch {epoch} of the wrapped {kind})")
+        raise
+    return records
+
+
 def read_record(read: Callable[[int], Any], row: int, epoch: int, kind: str) -> Any:
     """``read(row)``; an error it raises gets a note naming the row and epoch
     (the type and message stay the user's own)."""

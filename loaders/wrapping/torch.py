@@ -41,10 +41,10 @@ from jaxfeed.loaders.wrapping.epochs import Epochs, WrapSettings
 from jaxfeed.loaders.wrapping.random_access import (
     RandomAccess,
     class_names,
-    read_record,
+    read_records,
     sampled_epochs,
 )
-from jaxfeed.loaders.wrapping.seeded import seeded_globals
+from jaxfeed.loaders.wrapping.seeded import GlobalDraws
 from jaxfeed.loaders.wrapping.streams import (
     MIXTURE,
     SHARD_YOURSELF,
@@ -203,13 +203,13 @@ class _Rows(list):
 class _SeededBatches:
     """The user's map-style dataset and collate function, a batch at a time,
     with torch's, numpy's and Python's global generators seeded by ``(seed,
-    epoch, the batch's rows)`` and restored after (`seeded_globals`): a
-    ``__getitem__`` or collate that draws random numbers (an augmentation)
-    draws the same for the same batch in any process, worker or resume, and a
-    new draw every epoch."""
+    epoch, the batch's rows)`` and restored after (`seeded_globals`), once
+    the reading is seen to draw from them (`GlobalDraws`): a ``__getitem__``
+    or collate that draws random numbers (an augmentation) draws the same for
+    the same batch in any process, worker or resume, and a new draw every epoch."""
 
     def __init__(self, dataset: Any, collate: Callable, seed: int):
-        self.dataset, self.collate, self.seed = dataset, collate, seed
+        self.dataset, self.collate, self.draws = dataset, collate, GlobalDraws(seed)
 
     def __len__(self) -> int:
         return len(self.dataset)
@@ -218,14 +218,15 @@ class _SeededBatches:
         return self.dataset[index]
 
     def __getitems__(self, rows: _Rows) -> _Collated:
-        with seeded_globals(self.seed, rows.epoch, rows):
-            getitems = getattr(self.dataset, "__getitems__", None)
-            if getitems:
-                records = getitems(list(rows))
-            else:
-                read = self.dataset.__getitem__
-                records = [read_record(read, i, rows.epoch, "torch Dataset") for i in rows]
-            return _Collated(self.collate(records))
+        return _Collated(self.draws.read(rows.epoch, rows, lambda: self._collated(rows)))
+
+    def _collated(self, rows: _Rows) -> Any:
+        getitems = getattr(self.dataset, "__getitems__", None)
+        if getitems:
+            records = getitems(list(rows))
+        else:
+            records = read_records(self.dataset.__getitem__, rows, rows.epoch, "torch Dataset")
+        return self.collate(records)
 
 
 class _Collated:

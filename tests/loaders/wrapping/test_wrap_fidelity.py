@@ -8,7 +8,7 @@ import random
 import datasets
 import numpy as np
 import pytest
-from augmenting_datasets import GlobalRandomDataset
+from augmenting_datasets import GlobalRandomDataset, RarelyRandomDataset
 from backend_helpers import assert_same_batches
 
 import jaxfeed
@@ -39,6 +39,37 @@ def test_a_torch_dataset_drawing_from_global_generators_is_reproducible(workers)
     assert np.array_equal(np.random.get_state()[1], before[0]) and random.getstate() == before[1]
     rows = np.concatenate([b["row"] for b in first])
     assert sorted(rows.tolist()) == list(range(64))  # the sampler's order, every row once
+
+
+def _counting_seeds(monkeypatch):
+    """The batches `seeded_globals` seeds, counted."""
+    from jaxfeed.loaders.wrapping import seeded
+
+    calls = []
+    real = seeded.seeded_globals
+
+    def counted(seed, epoch, rows):
+        calls.append((epoch, sorted(rows)))
+        return real(seed, epoch, rows)
+
+    monkeypatch.setattr(seeded, "seeded_globals", counted)
+    return calls
+
+
+def test_a_dataset_that_draws_only_now_and_then_is_seeded_from_its_first_draw(monkeypatch):
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    calls = _counting_seeds(monkeypatch)
+    pure = jaxfeed.wrap(DataLoader(TensorDataset(torch.arange(64.0)), batch_size=8), keys=("x",))
+    assert len(_epoch(pure)) == 8 and calls == []  # it never draws: never seeded
+    loader = DataLoader(RarelyRandomDataset(), batch_size=8)  # only row 63 (batch 7) draws
+    source = jaxfeed.wrap(loader, seed=3)
+    before = np.random.get_state()[1].copy(), random.getstate()
+    first = _assert_reproducible(source)  # the draw is seeded: the same on every re-read
+    assert calls[0] == (0, list(range(56, 64)))  # batches 0-6 read plainly, batch 7 seeded
+    assert np.array_equal(np.random.get_state()[1], before[0]) and random.getstate() == before[1]
+    assert first[6]["x"][:, 0].tolist() == list(range(48, 56))
 
 
 def _augment(batch):
