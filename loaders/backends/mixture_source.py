@@ -2,9 +2,11 @@
 
 Each component is read by a backend source of its own, over its own data
 (any format), with its own transform, in its framework and workers. Its
-reads are *passes*: the backend's epoch ``q * SPANS_PER_PASS + s`` is span
-``s`` of the component's pass ``q`` (its shared-sampler shuffle of epoch
-``q``), holding the rows this process takes from it, in order. A record's
+reads are *passes*: the backend's epoch ``q * spans + s`` is span ``s`` of
+the component's pass ``q`` (its shared-sampler shuffle of epoch ``q``),
+holding the rows this process takes from it, in order (``spans`` is 1
+unless a pass is longer than `SPAN_ROWS`, so a backend that keeps its
+workers across epochs goes on from one pass to the next). A record's
 generator is that of its pass, ``default_rng((component seed, q, row))``, so
 an augmentation is new each time a small component comes round again, and
 the same on every backend and process count.
@@ -29,7 +31,7 @@ from jaxfeed.loaders.sampler import Sampler
 from jaxfeed.loaders.transform import RecordTransform
 
 SPANS_PER_PASS = 1 << 8
-"""Backend epochs one pass of a component may use."""
+"""Backend epochs one pass of a component may use at most."""
 SPAN_ROWS = 1 << 22
 """Rows of a pass a span holds at least (a pass is cut into spans only when it
 is longer): bounds the index tables a backend holds."""
@@ -37,10 +39,14 @@ is longer): bounds the index tables a backend holds."""
 
 class PassTransform(RecordTransform):
     """A component's transform, with each record's generator of its pass (the
-    backend's epoch counts spans)."""
+    backend's epoch counts ``spans`` a pass)."""
+
+    def __init__(self, fn: Any, seed: int, dataset: ArrayDataset, spans: int):
+        super().__init__(fn, seed, dataset)
+        self.spans = spans
 
     def batch(self, rows, indices, epoch, out=None):
-        return super().batch(rows, indices, epoch // SPANS_PER_PASS, out)
+        return super().batch(rows, indices, epoch // self.spans, out)
 
 
 class Composed:
@@ -55,8 +61,8 @@ class Composed:
 
 class PassReads:
     """One component's reads in the `Sampler`'s shape (see the module): its
-    backend epoch ``v`` reads span ``v % SPANS_PER_PASS`` of pass ``v //
-    SPANS_PER_PASS``, ``num_batches`` chunks of ``batch_size`` rows, past
+    backend epoch ``v`` reads span ``v % spans`` of pass ``v // spans``,
+    ``num_batches`` chunks of ``batch_size`` rows, past
     this process's rows all row 0 (read, never used)."""
 
     shuffle = True
@@ -71,6 +77,7 @@ class PassReads:
         self.process, self.local_batch = process, local_batch
         self.num_examples = order.num_examples
         self.span = min(self.num_examples, max(SPAN_ROWS, -(-self.num_examples // SPANS_PER_PASS)))
+        self.spans = -(-self.num_examples // self.span)
         self.num_batches = -(-self.span // chunk)
         self.seed = order.seed
         self._last: tuple[int, np.ndarray] | None = None
@@ -82,12 +89,12 @@ class PassReads:
         return check_position(epoch, start, self.num_batches)
 
     def epoch_seed(self, epoch: int) -> int:
-        return self.order.epoch_seed(epoch // SPANS_PER_PASS)
+        return self.order.epoch_seed(epoch // self.spans)
 
     def positions(self, epoch: int) -> np.ndarray:
         """This process's stream positions in backend epoch ``epoch``."""
         if self._last is None or self._last[0] != epoch:
-            q, s = divmod(epoch, SPANS_PER_PASS)
+            q, s = divmod(epoch, self.spans)
             lo = q * self.num_examples + s * self.span
             hi = min(lo + self.span, (q + 1) * self.num_examples)
             mine = self.plan.slots_of(self.c, lo, hi, self.process, self.local_batch)
@@ -96,7 +103,7 @@ class PassReads:
 
     def epoch_plan(self, epoch: int, start: int = 0) -> Iterator[tuple[np.ndarray, int]]:
         epoch, start = self.check_position(epoch, start)
-        q = epoch // SPANS_PER_PASS
+        q = epoch // self.spans
         rows = self.order.permutation(q)[self.positions(epoch) - q * self.num_examples]
         window = np.zeros(self.num_batches * self.batch_size, np.int64)
         window[: len(rows)] = rows
@@ -112,7 +119,7 @@ class _Stream:
     def __init__(self, source: Any, first: int):
         self.source, self.reads = source, source.sampler
         q, within = divmod(first, self.reads.num_examples)
-        self._epoch = q * SPANS_PER_PASS + within // self.reads.span
+        self._epoch = q * self.reads.spans + within // self.reads.span
         mine = self.reads.positions(self._epoch)
         at = int(np.searchsorted(mine, first))
         self._left = len(mine) - at  # this span's rows not yet read
@@ -124,13 +131,10 @@ class _Stream:
     def _next_span(self) -> None:
         if self._iter is not None:
             self._iter.close()  # its padding chunks are never read
-        reads, self._left = self.reads, 0
+        self._left = 0
         while not self._left:
-            q, s = divmod(self._epoch, SPANS_PER_PASS)
-            if (s + 1) * reads.span >= reads.num_examples:
-                q, s = q + 1, -1
-            self._epoch = q * SPANS_PER_PASS + s + 1
-            self._left = len(reads.positions(self._epoch))
+            self._epoch += 1  # the pass's next span, or the next pass's first
+            self._left = len(self.reads.positions(self._epoch))
         self._skip = 0
         self._iter = self.source.iter_epoch(self._epoch)
 
@@ -188,7 +192,7 @@ class MixtureSource:
             )
             opts = dict(options)
             if transforms.get(key) is not None:
-                opts["transform"] = PassTransform(transforms[key], order.seed, data)
+                opts["transform"] = PassTransform(transforms[key], order.seed, data, reads.spans)
             self._sources.append(module.build(data, reads, **opts))
         self._spec = self._common_spec()
 
