@@ -199,13 +199,13 @@ class MixturePlan:
         self.phases = [Phase(0, 0, tuple(mixture.weight_vector().tolist()), (0,) * len(sizes))]
         self._shape = self._epoch_shape(0)
         self._cache: dict[tuple[int, int], np.ndarray] = {}
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
 
     def __getstate__(self) -> dict:
         return {**self.__dict__, "_cache": {}, "_lock": None}
 
     def __setstate__(self, state: dict) -> None:
-        self.__dict__.update(state, _lock=threading.Lock())
+        self.__dict__.update(state, _lock=threading.RLock())
 
     def _epoch_shape(self, phase: int) -> tuple[int, np.ndarray, np.ndarray | None]:
         """``(num_batches, totals, counts)`` of every epoch of ``phase``
@@ -216,7 +216,7 @@ class MixturePlan:
             totals = apportion(nb * g, w)
         else:
             n = self.sizes[self.until]
-            nb = max(1, -(-n // max(1, round(w[self.until] * g))))
+            nb = max(-(-n // g), round(n / (w[self.until] * g)))  # nearest its share
             rest = w.copy()
             rest[self.until] = 0
             if rest.sum() == 0:  # only the named one: whole batches of it

@@ -249,6 +249,29 @@ def _check_text(out: str, nb: nbformat.NotebookNode) -> None:
     assert len(losses) >= 3 and losses[-1] < losses[0] - 0.5, losses
 
 
+def _check_mixtures(out: str, nb: nbformat.NotebookNode) -> None:
+    # Every batch says its component; the epoch's shares are the weights'.
+    assert re.search(r"'component': \(\(128,\), 'int32'\)", out)
+    (digits,) = _floats(r"shares \{'digits': ([\d.]+)", out)
+    assert abs(digits - 0.8) < 0.01, digits
+    # The same batches on every backend, whole and resumed at batch 20.
+    digests = re.findall(r"^(\w+) +epoch 1 (\w{12})  from batch 20 (\w{12})$", out, re.M)
+    assert [name for name, _, _ in digests] == ["numpy", "torch", "tf", "grain", "hf"]
+    assert len({(whole, resumed) for _, whole, resumed in digests}) == 1, digests
+    # The MLP learns; fit's records carry the realized shares.
+    records = re.findall(
+        r"(?m)^epoch \d  loss ([\d.]+)  test_acc ([\d.]+)  share digits ([\d.]+)", out
+    )
+    assert len(records) == 3 and float(records[-1][1]) > 0.85, records
+    assert all(abs(float(share) - 0.8) < 0.01 for _, _, share in records), records
+    # Other weights: refused without reweight=True, then every component goes on.
+    assert re.search(r"^refused: the checkpoint's mixture weights are .*reweight=True", out, re.M)
+    at = re.search(r"^at batch 20: (.*)$", out, re.M).group(1)
+    assert re.search(r"^continues from: (.*)$", out, re.M).group(1) == at
+    (share,) = _floats(r"(?m)^inverted share after the resume: ([\d.]+)$", out)
+    assert abs(share - 0.5) < 0.02, share
+
+
 CHECKS: dict[str, Callable[[str, nbformat.NotebookNode], None]] = {
     "01_quickstart": _check_quickstart,
     "02_from_pytorch": _check_from_pytorch,
@@ -258,6 +281,7 @@ CHECKS: dict[str, Callable[[str, nbformat.NotebookNode], None]] = {
     "06_your_data": _check_your_data,
     "07_ray": _check_ray,
     "08_text": _check_text,
+    "09_mixtures": _check_mixtures,
 }
 
 

@@ -98,6 +98,7 @@ def _record(metrics: dict) -> dict:
         "seconds": metrics["seconds"],
         "samples_per_second": metrics["samples_per_second"],
         "data_wait_fraction": metrics["data_wait_fraction"],
+        **{k: v for k, v in metrics.items() if k.startswith("share_")},  # a Mixture's
     }
 
 

@@ -13,6 +13,7 @@ import jax
 import numpy as np
 from jax.sharding import NamedSharding
 
+from jaxfeed.loaders.backends.mixture_source import MixtureSource
 from jaxfeed.loaders.protocol import BatchSource, Resumable
 from jaxfeed.sharding import DeviceFeed
 from jaxfeed.training.callbacks import Callback
@@ -88,6 +89,7 @@ class TrainingRun:
         self.history: list[dict] = []
         self.counted = 0.0  # real rows of this record's window trained before a resume
         self.window_started = time.perf_counter()  # when this record's window began
+        self.window_from = (0, 0)  # the (epoch, batch) it began at
         self.wait = 0.0  # seconds of this window the device may have waited for data
         # The batch shapes the step has seen: each is a compile (bucketed sequences: one a bucket).
         self.shapes: set[tuple] = set()
@@ -124,6 +126,7 @@ class TrainingRun:
         try:
             with self.interrupts:
                 self.window_started = time.perf_counter()
+                self.window_from = (self.epoch, self.next_batch)
                 while self.epoch < epochs:
                     if feed is None:
                         feed = self.open(self.epoch, self.next_batch)
@@ -331,6 +334,7 @@ class TrainingRun:
             else:
                 callback.on_eval(record)
         self.window_started, self.wait, self.counted = time.perf_counter(), 0.0, 0.0
+        self.window_from = (self.epoch, self.next_batch)
 
     def running(self, totals: Sums) -> dict:
         """This window's means so far, its seconds and speed (a device sync)."""
@@ -343,4 +347,16 @@ class TrainingRun:
             "data_wait_fraction": self.wait / seconds,
             # Said only where batches come in several shapes (bucketed sequences).
             **({"batch_shapes": len(self.shapes)} if len(self.shapes) > 1 else {}),
+            **self.mixture_shares(),
         }
+
+    def mixture_shares(self) -> dict[str, float]:
+        """A `Mixture`'s realized share of each component in this window's
+        batches, ``share_<name>`` (from its plan: what the steps were given)."""
+        if not isinstance(self.train, MixtureSource):
+            return {}
+        before = self.train.positions(*self.window_from)
+        now = self.train.positions(self.epoch, self.next_batch)
+        rows = {name: now[name] - before[name] for name in now}
+        total = sum(rows.values())
+        return {f"share_{name}": n / total for name, n in rows.items()} if total else {}
