@@ -47,6 +47,19 @@ def positive(text: str) -> int:
     return value
 
 
+def weights(text: str) -> list[float]:
+    """``0.7,0.3``: a mixture's weights, each a number >= 0."""
+    try:
+        values = [float(w) for w in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected weights as numbers separated by commas (0.7,0.3), got {text!r}"
+        ) from None
+    if not all(0 <= v < float("inf") for v in values) or not sum(values) > 0:
+        raise argparse.ArgumentTypeError(f"weights are numbers >= 0, not all 0; got {text!r}")
+    return values
+
+
 def non_negative(text: str) -> int:
     try:
         value = int(text)

@@ -29,6 +29,7 @@ from jaxfeed.cli.args import (
     seed,
     set_devices,
     subcommand,
+    weights,
 )
 from jaxfeed.cli.train_data import (
     check_fields_and_classes,
@@ -36,6 +37,7 @@ from jaxfeed.cli.train_data import (
     dataset_used,
     image_transform,
     is_named,
+    parts,
 )
 from jaxfeed.mnist.train import TrainConfig  # already imported with the jaxfeed package
 
@@ -47,7 +49,32 @@ _NAME_WAIT_S = 2.0
 def add_train(commands: argparse._SubParsersAction) -> None:
     train = subcommand(commands, "train", help="train the MNIST MLP through one loader backend")
     train.add_argument("--loader", default="numpy", help="backend name (see `jaxfeed backends`)")
-    train.add_argument("--dataset", default="mnist-sample", help=DATASET_HELP)
+    train.add_argument(
+        "--dataset",
+        action="append",
+        default=None,
+        help=DATASET_HELP + "; given several times with --weights: their mixture "
+        "(docs/mixtures.md), an epoch ending when the first has been read once",
+    )
+    train.add_argument(
+        "--weights",
+        type=weights,
+        default=None,
+        metavar="W1,W2,...",
+        help="the mixture's weights, one per --dataset (e.g. 0.7,0.3)",
+    )
+    train.add_argument(
+        "--mix-by",
+        choices=("row", "batch"),
+        default="row",
+        help="a mixture's rows drawn by weight (row) or exact shares in every batch (batch)",
+    )
+    train.add_argument(
+        "--reweight",
+        action="store_true",
+        help="resume a mixture with other --weights on purpose (each dataset goes on "
+        "from where it stood)",
+    )
     train.add_argument("--data-dir", default=None, help=DATA_DIR_HELP)
     train.add_argument(
         "--resize",
@@ -194,7 +221,6 @@ def _agreed_settings(args: argparse.Namespace, sources: dict[str, Any]) -> dict[
     """What every process of a job must have in common: its command line and data.
     A directory is compared by its content, not its path: hosts reading local
     copies at other paths agree."""
-    from jaxfeed.loaders.data.cache import fingerprint
 
     named = is_named(args.dataset)
     settings = {
@@ -214,11 +240,11 @@ def _agreed_settings(args: argparse.Namespace, sources: dict[str, Any]) -> dict[
         "resume": args.resume,
     }
     for split, source in sources.items():
-        data = source.dataset
-        if named:
-            settings[f"{split}_data"] = data.name
-        settings[f"{split}_examples"] = len(data)
-        settings[f"{split}_fingerprint"] = fingerprint(*data.content())
+        data = parts(source)
+        if named and None in data:
+            settings[f"{split}_data"] = data[None].name
+        settings[f"{split}_examples"] = sum(len(d) for d in data.values())
+        settings[f"{split}_fingerprint"] = data_record(source, "")["fingerprint"]
     return settings
 
 
@@ -315,8 +341,47 @@ def _announce_resume(args: argparse.Namespace, settings: dict, data: dict, prefi
     )
 
 
+def _mixture(args: argparse.Namespace) -> Any:
+    """The `Mixture` of several ``--dataset`` (None for one); ``args.dataset``
+    becomes the first (its test split is the test data).
+
+    Raises:
+      ValueError: --weights without several --dataset, or not one per dataset.
+    """
+    datasets = args.dataset or ["mnist-sample"]
+    args.dataset = datasets[0]
+    if len(datasets) == 1:
+        if args.weights is not None or args.reweight:
+            flag = "--weights" if args.weights is not None else "--reweight"
+            raise ValueError(f"{flag} is for a mixture: give --dataset more than once")
+        return None
+    if args.weights is None or len(args.weights) != len(datasets):
+        got = "no --weights" if args.weights is None else f"{len(args.weights)} weights"
+        raise ValueError(
+            f"{len(datasets)} --dataset and {got}: give --weights W1,W2,... with one weight "
+            "per dataset (e.g. --weights 0.7,0.3)"
+        )
+    import jaxfeed
+
+    names = [Path(str(d).rstrip("/")).name or str(d) for d in datasets]
+    names = [n if names.count(n) == 1 else f"{n}{i}" for i, n in enumerate(names)]
+    transforms = {
+        n: image_transform(d, args.data_dir, args.resize)
+        for n, d in zip(names, datasets, strict=True)
+    }
+    return jaxfeed.Mixture(
+        dict(zip(names, datasets, strict=True)),
+        weights=dict(zip(names, args.weights, strict=True)),
+        by=args.mix_by,
+        until=names[0],
+        transforms={n: t for n, t in transforms.items() if t is not None},
+        reweight=args.reweight,
+    )
+
+
 def run_train(args: argparse.Namespace) -> int:
     set_devices(args.devices)
+    mixture = _mixture(args)
     check_writable(args.json, "--json")
     check_writable(args.save_params, "--save-params")
     check_directory(args.tensorboard, "--tensorboard")
@@ -345,13 +410,14 @@ def run_train(args: argparse.Namespace) -> int:
             transform=image_transform(args.dataset, args.data_dir, args.resize),
             **dict(args.loader_option),
         )
+        train_common = common if mixture is None else dict(common, dataset=mixture, transform=None)
         train_source = loaders.make(
             args.loader,
             split="train",
             shuffle=_shuffle(args),
             block_rows=args.block_shuffle,
             drop_remainder=args.drop_remainder,
-            **common,
+            **train_common,
         )
         try:
             test_source = loaders.make(args.loader, split="test", shuffle=False, **common)
@@ -388,7 +454,7 @@ def run_train(args: argparse.Namespace) -> int:
         if processes > 1:
             sources = {"train": train_source, "test": test_source}
             check_agreement(_agreed_settings(args, {k: v for k, v in sources.items() if v}))
-        dataset = dataset_used(train_source, args.dataset)
+        dataset = dataset_used(train_source, args.dataset) if mixture is None else str(train_source)
         print(
             f"jaxfeed train: loader={args.loader} dataset={dataset} "
             f"train={train_source.num_batches} batches x {args.batch_size} "

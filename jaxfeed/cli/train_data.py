@@ -28,14 +28,20 @@ def data_record(source: Any, read_from: str) -> dict[str, Any]:
     from jaxfeed.loaders.data.cache import fingerprint
     from jaxfeed.loaders.ragged_field import RaggedField
 
-    data = source.dataset
-    fields = {
-        name: fingerprint(
-            *(array.content() if isinstance(array, BytesField | RaggedField) else (array,))
-        )
-        for name, array in data.arrays.items()
-    }
-    return {"fingerprint": fingerprint(*data.content()), "fields": fields, "read_from": read_from}
+    fields, content = {}, []
+    for part, data in parts(source).items():  # a mixture's fields by component
+        for name, array in data.arrays.items():
+            key = name if part is None else f"{part}/{name}"
+            fields[key] = fingerprint(
+                *(array.content() if isinstance(array, BytesField | RaggedField) else (array,))
+            )
+        content.extend(data.content())
+    return {"fingerprint": fingerprint(*content), "fields": fields, "read_from": read_from}
+
+
+def parts(source: Any) -> dict[str | None, Any]:
+    """The data ``source`` reads: a `Mixture`'s by component, else ``{None: data}``."""
+    return dict(getattr(source, "datasets", None) or {None: source.dataset})
 
 
 def dataset_used(source: Any, requested: str) -> str:
@@ -79,16 +85,18 @@ def check_fields_and_classes(dataset: str, sources: dict[str, Any]) -> None:
                 "example MLP reads 'image' and 'label': name the fields so (image.npy, "
                 "label.npy)"
             )
-        labels = source.dataset.arrays.get("label")
-        if labels is None or not len(labels):  # (made by a transform: checked as it runs)
-            continue
-        low, high = int(labels.min()), int(labels.max())
-        if low < 0 or high >= classes:
-            raise ValueError(
-                f"the {split} labels of {dataset} hold {low}..{high}, but jaxfeed train's "
-                f"MLP has {classes} classes (labels 0..{classes - 1}); map the labels into "
-                "that range, or train your own model with jaxfeed.fit"
-            )
+        for part, data in parts(source).items():
+            labels = data.arrays.get("label")
+            if labels is None or not len(labels):  # (made by a transform: checked as it runs)
+                continue
+            low, high = int(labels.min()), int(labels.max())
+            if low < 0 or high >= classes:
+                name = dataset if part is None else part
+                raise ValueError(
+                    f"the {split} labels of {name} hold {low}..{high}, but jaxfeed train's "
+                    f"MLP has {classes} classes (labels 0..{classes - 1}); map the labels into "
+                    "that range, or train your own model with jaxfeed.fit"
+                )
 
 
 def image_transform(dataset: Any, data_dir: Any, resize: bool) -> Any:

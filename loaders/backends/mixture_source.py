@@ -178,6 +178,7 @@ class MixtureSource:
         options: Mapping[str, Any],
     ):
         self.mixture, self.sampler = mixture, sampler
+        self.datasets = dict(datasets)  # name -> its data, in the mixture's order
         self.names = mixture.names
         self.batch_size = sampler.batch_size
         self.process_index, self.process_count = sampler.process_index, sampler.process_count

@@ -318,3 +318,26 @@ def test_train_reads_a_directory_of_npy_files_in_block_order(tmp_path, capsys):
         runs[name] = [m["loss"] for m in json.loads(out.read_text())["epochs"]]
     assert "train=32 batches" in capsys.readouterr().out
     assert runs["disk"] == runs["memory"]  # the same rows in the same block order
+
+
+def test_train_on_a_mixture_of_datasets_records_each_ones_share(tmp_path, capsys):
+    # The MNIST sample with 300 inverted digits (a .npy directory), 0.8 / 0.2.
+    data = loaders.load_dataset("mnist-sample", "train")
+    inverted = tmp_path / "inverted"
+    (inverted / "train").mkdir(parents=True)
+    np.save(inverted / "train" / "image.npy", 255 - data["image"][:300])
+    np.save(inverted / "train" / "label.npy", data["label"][:300])
+    out = tmp_path / "run.json"
+    argv = ["train", "--epochs", "2", "--quiet", "--dataset", "mnist-sample",
+            "--dataset", str(inverted), "--weights", "0.8,0.2", "--json", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "MixtureSource({'mnist-sample': 0.8, 'inverted': 0.2}" in printed
+    epochs = json.loads(out.read_text())["epochs"]
+    assert len(epochs) == 2 and epochs[-1]["test_accuracy"] > 0.8
+    for epoch in epochs:  # the epoch ends when the sample has been read once
+        assert epoch["share_mnist-sample"] == pytest.approx(0.8, abs=0.01)
+    # One weight for two datasets: refused by name.
+    argv = ["train", "--dataset", "mnist-sample", "--dataset", str(inverted), "--weights", "1"]
+    assert main(argv) == 2
+    assert "2 --dataset and 1 weights" in capsys.readouterr().err
