@@ -46,13 +46,21 @@ FLOAT_IMAGE_LEARNING_RATE = 0.01
 _NAME_WAIT_S = 2.0
 
 
+class _Datasets(argparse.Action):
+    """``--dataset``, repeatable: the first given replaces the default."""
+
+    def __call__(self, parser: Any, namespace: Any, value: Any, option: Any = None) -> None:
+        given = getattr(namespace, self.dest)
+        setattr(namespace, self.dest, [*(given if isinstance(given, list) else []), value])
+
+
 def add_train(commands: argparse._SubParsersAction) -> None:
     train = subcommand(commands, "train", help="train the MNIST MLP through one loader backend")
     train.add_argument("--loader", default="numpy", help="backend name (see `jaxfeed backends`)")
     train.add_argument(
         "--dataset",
-        action="append",
-        default=None,
+        action=_Datasets,
+        default="mnist-sample",
         help=DATASET_HELP + "; given several times with --weights: their mixture "
         "(docs/mixtures.md), an epoch ending when the first has been read once",
     )
@@ -348,7 +356,7 @@ def _mixture(args: argparse.Namespace) -> Any:
     Raises:
       ValueError: --weights without several --dataset, or not one per dataset.
     """
-    datasets = args.dataset or ["mnist-sample"]
+    datasets = args.dataset if isinstance(args.dataset, list) else [args.dataset]
     args.dataset = datasets[0]
     if len(datasets) == 1:
         if args.weights is not None or args.reweight:
