@@ -196,6 +196,7 @@ class MixtureSource:
                 opts["transform"] = PassTransform(transforms[key], order.seed, data, reads.spans)
             self._sources.append(module.build(data, reads, **opts))
         self._spec = self._common_spec()
+        self._epoch_slots: tuple | None = None
 
     def _common_spec(self) -> dict[str, ArraySpec]:
         specs = [{k: v for k, v in s.element_spec.items() if k != MASK_KEY} for s in self._sources]
@@ -250,30 +251,40 @@ class MixtureSource:
         return self._batches(epoch, start)
 
     def _batches(self, epoch: int, start: int) -> Iterator[Batch]:
-        b, p = self.batch_size, self.process_index
         first = self.plan.position(epoch, start).tolist()
         streams: dict[int, _Stream] = {}
+        fields = {k: v for k, v in self._spec.items() if k != COMPONENT}
         try:
             for k in range(start, self.batches_in(epoch)):
-                labels = self.plan.labels(self.plan.phase_of(epoch, k), epoch)[
-                    k, p * b : (p + 1) * b
-                ]
-                batch = {
-                    key: np.empty(spec.shape, spec.dtype)
-                    for key, spec in self._spec.items()
-                    if key != COMPONENT
-                }
-                for c in np.unique(labels).tolist():
-                    at = np.flatnonzero(labels == c)
+                labels, slots, ends = self._slots(epoch, k)
+                batch = {key: np.empty(spec.shape, spec.dtype) for key, spec in fields.items()}
+                for c in np.flatnonzero(ends[1:] - ends[:-1]).tolist():
+                    at = slots[ends[c] : ends[c + 1]]
                     if c not in streams:
                         streams[c] = _Stream(self._sources[c], first[c])
                     for key, value in streams[c].take(len(at)).items():
                         batch[key][at] = value
-                batch[COMPONENT] = labels.astype(np.int32)
+                batch[COMPONENT] = labels
                 yield batch
         finally:
             for stream in streams.values():
                 stream.close()
+
+    def _slots(self, epoch: int, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Batch ``k``'s labels (this process's slots), the slots grouped by
+        component, and where each component's group ends: worked out for the
+        whole epoch (under the phase in force) at once."""
+        phase = self.plan.phase_of(epoch, k)
+        if self._epoch_slots is None or self._epoch_slots[0] != (epoch, phase):
+            b, p = self.batch_size, self.process_index
+            mine = self.plan.labels(phase, epoch)[:, p * b : (p + 1) * b].astype(np.int32)
+            order = np.argsort(mine, axis=1, kind="stable")
+            n = len(self.names)
+            counts = np.zeros((len(mine), n + 1), np.int64)
+            np.add.at(counts, (np.arange(len(mine))[:, None], mine + 1), 1)
+            self._epoch_slots = ((epoch, phase), mine, order, np.cumsum(counts, axis=1))
+        _, mine, order, ends = self._epoch_slots
+        return mine[k], order[k], ends[k]
 
     def data_state(self, epoch: int, next_batch: int) -> dict[str, Any]:
         return {
