@@ -30,6 +30,7 @@ LOADERS = [
     "Bucket",
     "BytesField",
     "HostFields",
+    "Mixture",
     "Pack",
     "Pad",
     "ProcessSlice",
