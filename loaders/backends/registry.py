@@ -312,13 +312,7 @@ def make(
         )
     except ValueError as err:  # the sampler knows sizes, not names: say which split
         raise ValueError(f"dataset {data.name.rsplit('/', 1)[0]}, {split} split: {err}") from None
-    module = importlib.import_module(spec.module)
-    unknown = sorted(set(backend_options) - set(module.OPTIONS))
-    if unknown:
-        raise TypeError(
-            f"the {backend} backend got unknown option(s) {unknown}; "
-            f"it takes {list(module.OPTIONS)}"
-        )
+    module = _module(spec, backend_options)
     if layout is not None:
         if host_fields or backend_options.get("order", "sampler") != "sampler":
             raise ValueError(
@@ -347,13 +341,7 @@ def _mixture(spec: Backend, mixture: Mixture, args: Mapping[str, Any], options: 
         )
     if options.get("order", "sampler") != "sampler":
         raise ValueError("a Mixture follows its own plan; drop order=")
-    module = importlib.import_module(spec.module)
-    unknown = sorted(set(options) - set(module.OPTIONS))
-    if unknown:
-        raise TypeError(
-            f"the {spec.name} backend got unknown option(s) {unknown}; "
-            f"it takes {list(module.OPTIONS)}"
-        )
+    module = _module(spec, options)
     from jaxfeed.loaders.backends.mixture_source import mixture_source
 
     split, data_dir, format = args["split"], args["data_dir"], args["format"]
@@ -378,3 +366,19 @@ def _mixture(spec: Backend, mixture: Mixture, args: Mapping[str, Any], options: 
         },
         options,
     )
+
+
+def _module(spec: Backend, options: Mapping[str, Any]) -> Any:
+    """The backend's adapter module, once ``options`` are known to be its own.
+
+    Raises:
+      TypeError: an option the backend does not take.
+    """
+    module = importlib.import_module(spec.module)
+    unknown = sorted(set(options) - set(module.OPTIONS))
+    if unknown:
+        raise TypeError(
+            f"the {spec.name} backend got unknown option(s) {unknown}; "
+            f"it takes {list(module.OPTIONS)}"
+        )
+    return module
