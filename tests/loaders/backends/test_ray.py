@@ -417,3 +417,17 @@ def test_packed_and_bucketed_batches_are_the_numpy_ones(cluster):
         assert_same_batches(
             list(ray_source.iter_epoch(1, start=3)), list(numpy_source.iter_epoch(1))[3:]
         )
+
+
+def test_a_mixtures_batches_are_the_numpy_ones(cluster):
+    import jaxfeed
+
+    small = {"image": indexed_dataset().arrays["image"][:40] + 1, "label": np.arange(40)}
+    mixture = jaxfeed.Mixture(
+        {"big": indexed_dataset(), "small": small}, weights={"big": 0.6, "small": 0.4}, until="big"
+    )
+    ray_source, numpy_source = _both(mixture, batch_size=16, seed=2, transform=shifted)
+    assert_same_batches(_epochs(ray_source), _epochs(numpy_source))  # small wraps ~6 times
+    assert_same_batches(
+        list(ray_source.iter_epoch(1, start=5)), list(numpy_source.iter_epoch(1))[5:]
+    )
