@@ -16,7 +16,6 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.mark.slow
 def test_sequences_benchmark_quick(tmp_path: Path) -> None:
-    pytest.importorskip("grain")
     command = [sys.executable, "benchmarks/sequences.py", "--quick", "--backends", "numpy"]
     command += ["--parts", "pack,speed,resume", "--out", str(tmp_path)]
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)

@@ -251,7 +251,6 @@ def test_user_error_is_one_stderr_line_in_a_fresh_process():
     ]
 
 
-@pytest.mark.skipif(loaders.available()["tf"].startswith("unavailable"), reason="needs tensorflow")
 def test_tf_training_prints_only_jaxfeed_lines():
     result = _jaxfeed("train", "--loader", "tf", "--epochs", "1", "--batch-size", "500", "--quiet")
     assert result.returncode == 0, result.stderr

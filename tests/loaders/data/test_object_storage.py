@@ -18,10 +18,6 @@ import traceback
 
 import numpy as np
 import pytest
-
-pytest.importorskip("s3fs")
-pytest.importorskip("moto")
-
 from jaxfeed.loaders._doors import fsspec as door
 from jaxfeed.loaders._io.retry import RetriesExhausted, with_retries
 from jaxfeed.loaders.backends.registry import everyday

@@ -239,7 +239,6 @@ def test_past_memory_shuffled_orders_read_pages_not_read_around(
 @pytest.mark.parametrize("backend", ["torch", "grain"])
 def test_pages_are_mapped_only_where_this_process_gathers(backend):
     # Worker processes gather from mappings of their own: mapping pages here is waste.
-    pytest.importorskip(backend)
     data = {"x": np.zeros((100, 4), np.float32)}
     assert loaders.make(backend, dataset=data, batch_size=10)._gathers_here()
     assert not loaders.make(backend, dataset=data, batch_size=10, num_workers=2)._gathers_here()
