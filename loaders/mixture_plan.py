@@ -24,6 +24,7 @@ component continues from where it stood.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import threading
 import zlib
@@ -197,12 +198,12 @@ class MixturePlan:
         self.until = None if mixture.until is None else self.names.index(mixture.until)
         self.name = name
         self.phases = [Phase(0, 0, tuple(mixture.weight_vector().tolist()), (0,) * len(sizes))]
-        self._shape = self._epoch_shape(0)
-        self._cache: dict[tuple[int, int], np.ndarray] = {}
+        self._cache: dict[tuple, Any] = {}
+        self._shapes = [self._epoch_shape(0)]  # each phase's, made when its phase is set
         self._lock = threading.RLock()
 
     def __getstate__(self) -> dict:
-        return {**self.__dict__, "_cache": {}, "_lock": None}
+        return {**self.__dict__, "_cache": {}, "_lock": None}  # the shapes travel along
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state, _lock=threading.RLock())
@@ -224,9 +225,8 @@ class MixturePlan:
                 totals = np.zeros(len(w), np.int64)
                 totals[self.until] = nb * g
             else:
-                totals = apportion(nb * g - n, rest / rest.sum()) if nb * g > n else 0 * rest
-                totals = np.asarray(totals, np.int64)
-                totals[self.until] = min(n, nb * g)
+                totals = apportion(nb * g - n, rest / rest.sum())  # nb * g >= n
+                totals[self.until] = n
         if nb * g > MAX_EPOCH_ROWS:
             raise ValueError(
                 f"mixture {self.name}: an epoch of {nb * g} rows is more than the plan holds "
@@ -240,7 +240,7 @@ class MixturePlan:
         """The phases of a saved state (its weights' history)."""
         with self._lock:
             self.phases = list(phases)
-            self._shape = self._epoch_shape(len(self.phases) - 1)
+            self._shapes = [self._epoch_shape(i) for i in range(len(self.phases))]
             self._cache.clear()
 
     def add_phase(self, epoch: int, batch: int, weights: np.ndarray) -> None:
@@ -252,7 +252,7 @@ class MixturePlan:
         return max(i for i, p in enumerate(self.phases) if (p.epoch, p.batch) <= (epoch, batch))
 
     def shape(self, phase: int) -> tuple[int, np.ndarray, np.ndarray | None]:
-        return self._shape if phase == len(self.phases) - 1 else self._epoch_shape(phase)
+        return self._shapes[phase]
 
     def num_batches(self, epoch: int) -> int:
         """Batches of ``epoch``: those of the phase in force at its end."""
@@ -313,29 +313,22 @@ class MixturePlan:
         ``process`` reads (its slots of the global batches), in order."""
         out = []
         for i, p in enumerate(self.phases):
-            end = self.phases[i + 1] if i + 1 < len(self.phases) else None
             start = p.base[c]
-            stop = end.base[c] if end is not None else None
-            if (stop is not None and stop <= lo) or start >= hi:
+            stop = self.phases[i + 1].base[c] if i + 1 < len(self.phases) else hi
+            first, last = max(lo, start), min(hi, stop)  # this phase's part of [lo, hi)
+            t = int(self.shape(i)[1][c])
+            if first >= last or t == 0:
                 continue
-            _, totals, _ = self.shape(i)
-            t = int(totals[c])
-            if t == 0:
-                continue
-            skip = int(self.before(i, p.epoch)[p.batch][c])
-            first = p.epoch + (max(lo, start) - start + skip) // t
-            last = p.epoch + (min(hi, stop if stop is not None else hi) - 1 - start + skip) // t
-            for epoch in range(first, last + 1):
-                labels = self.labels(i, epoch).reshape(-1)
-                slots = np.flatnonzero(labels == c)
-                mine = np.flatnonzero((slots % self.global_batch) // local_batch == process).astype(
-                    np.int64
+            skip = int(self.before(i, p.epoch)[p.batch][c])  # its rows before the phase began
+            for epoch in range(
+                p.epoch + (first - start + skip) // t, p.epoch + (last - 1 - start + skip) // t + 1
+            ):
+                mine = self._cached(
+                    ("mine", i, epoch, c, process, local_batch),
+                    functools.partial(self._ordinals, i, epoch, c, process, local_batch),
                 )
                 g = start + (epoch - p.epoch) * t - skip + mine
-                keep = (g >= max(lo, start)) & (g < hi)
-                if stop is not None:
-                    keep &= g < stop
-                out.append(g[keep])
+                out.append(g[(g >= first) & (g < last)])
         return np.concatenate(out) if out else np.zeros(0, np.int64)
 
     def _ordinals(self, phase: int, epoch: int, c: int, process: int, local_batch: int):

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 from jaxfeed.loaders.array_dataset import ArrayDataset
 from jaxfeed.loaders.checks import check_position
-from jaxfeed.loaders.mixture_plan import COMPONENT, Mixture, MixturePlan, component_seed
+from jaxfeed.loaders.mixture_plan import COMPONENT, Mixture, MixturePlan, Phase, component_seed
 from jaxfeed.loaders.protocol import MASK_KEY, ArraySpec, Batch
 from jaxfeed.loaders.sampler import Sampler
 from jaxfeed.loaders.transform import RecordTransform
@@ -304,8 +304,6 @@ class MixtureSource:
           ValueError: the state is not a mixture's, names other components,
             or other weights without ``reweight=True``.
         """
-        from jaxfeed.loaders.mixture_plan import Phase
-
         saved = state.get("mixture") if isinstance(state, Mapping) else None
         if not isinstance(saved, Mapping):
             raise ValueError(
@@ -325,21 +323,19 @@ class MixtureSource:
         ]
         now = self.mixture.weight_vector()
         had = np.array(phases[-1].weights)
+        changed = not np.allclose(now, had, rtol=0, atol=1e-12)
+        if changed and not self.mixture.reweight:
+            raise ValueError(
+                f"the checkpoint's mixture weights are "
+                f"{dict(zip(names, had.round(6).tolist(), strict=True))}, this one's "
+                f"{dict(zip(names, now.round(6).tolist(), strict=True))}; to continue "
+                "with the new weights on purpose, pass Mixture(..., reweight=True) "
+                "(every component goes on from where it stood)"
+            )
         self.plan.set_phases(phases)
-        if not np.allclose(now, had, rtol=0, atol=1e-12):
-            if not self.mixture.reweight:
-                raise ValueError(
-                    f"the checkpoint's mixture weights are "
-                    f"{dict(zip(names, had.round(6).tolist(), strict=True))}, this one's "
-                    f"{dict(zip(names, now.round(6).tolist(), strict=True))}; to continue "
-                    "with the new weights on purpose, pass Mixture(..., reweight=True) "
-                    "(every component goes on from where it stood)"
-                )
+        if changed:
             self.plan.add_phase(int(saved["epoch"]), int(saved["next_batch"]), now)
-        for source in self._sources:  # workers started with the old plan stop
-            close = getattr(source, "close", None)
-            if close is not None:
-                close()
+        self.close()  # workers started with the old plan stop; the next epoch starts new ones
 
     def __iter__(self) -> Iterator[Batch]:
         return self.iter_epoch(0)
