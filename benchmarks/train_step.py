@@ -77,15 +77,17 @@ def _median_seconds(run, repeats: int) -> float:
     return statistics.median(times)
 
 
-def _feed(source, sharding, repeats: int) -> dict:
-    def run():
-        out = None
-        with DeviceFeed(source, sharding) as feed:
-            for batch in feed:
-                out = batch
-        return out
+def feed_epoch(source, sharding):
+    """One epoch of ``source`` placed by `DeviceFeed`; its last batch."""
+    out = None
+    with DeviceFeed(source, sharding) as feed:
+        for batch in feed:
+            out = batch
+    return out
 
-    seconds = _median_seconds(run, repeats)
+
+def _feed(source, sharding, repeats: int) -> dict:
+    seconds = _median_seconds(lambda: feed_epoch(source, sharding), repeats)
     nbytes = sum(v.nbytes for b in source.iter_epoch(0) for v in b.values())
     rows = source.num_batches * source.batch_size
     return {"samples_per_s": round(rows / seconds), "h2d_bytes_per_s": round(nbytes / seconds)}

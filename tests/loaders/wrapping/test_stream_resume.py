@@ -48,10 +48,15 @@ def _worker(*args: str, killed: bool = False) -> None:
 def runs(tmp_path_factory):
     """``(saved, resumed, states)``: every kind read without a break, and
     read again in a fresh process from its state."""
-    directory = tmp_path_factory.mktemp("streams")
+    return _save_and_resume(tmp_path_factory.mktemp("streams"), KINDS)
+
+
+def _save_and_resume(directory, kinds) -> tuple:
+    """``kinds`` read whole in one fresh process, then in another from the
+    states the first saved: ``(saved, resumed, states)``."""
     states = directory / "states.json"
-    _worker("save", str(directory / "saved.npz"), str(states), *KINDS)
-    _worker("resume", str(directory / "resumed.npz"), str(states), *KINDS)
+    _worker("save", str(directory / "saved.npz"), str(states), *kinds)
+    _worker("resume", str(directory / "resumed.npz"), str(states), *kinds)
     saved, resumed = np.load(directory / "saved.npz"), np.load(directory / "resumed.npz")
     return saved, resumed, json.loads(states.read_text())
 

@@ -14,7 +14,7 @@ import json
 import numpy as np
 import pytest
 from stream_resume_worker import MIXTURES, WEIGHTS
-from test_stream_resume import _assert_same, _batches, _rows, _worker
+from test_stream_resume import _assert_same, _batches, _rows, _save_and_resume
 
 from jaxfeed import loaders
 
@@ -50,11 +50,8 @@ def test_wrap_serves_the_mix_its_framework_makes(kind):
 def runs(tmp_path_factory):
     """``(saved, resumed)``: every mixture read without a break, and read
     again in a fresh process from its data state."""
-    directory = tmp_path_factory.mktemp("mixtures")
-    states = directory / "states.json"
-    _worker("save", str(directory / "saved.npz"), str(states), *MIXTURES)
-    _worker("resume", str(directory / "resumed.npz"), str(states), *MIXTURES)
-    return np.load(directory / "saved.npz"), np.load(directory / "resumed.npz")
+    saved, resumed, _ = _save_and_resume(tmp_path_factory.mktemp("mixtures"), MIXTURES)
+    return saved, resumed
 
 
 @pytest.mark.slow  # subprocesses
