@@ -124,17 +124,16 @@ class RaySource(SampledSource):
         refs = list(self._refs)
         pending: collections.deque = collections.deque()
         todo = iter(index_batches)
-        try:
-            for indices in todo:
-                pending.append((indices, self._task.remote(refs, indices, epoch)))
-                if len(pending) >= window:
-                    yield _result(ray, *pending.popleft(), epoch)
-            while pending:
+        # Closed early, the tasks still in flight are let run and their results
+        # dropped with their refs, not cancelled: ray.cancel on a task that is
+        # finishing at that moment ends this process (Ray 2.x, "Tried to complete
+        # task that was not pending"), and a window holds at most 2 tasks a CPU.
+        for indices in todo:
+            pending.append((indices, self._task.remote(refs, indices, epoch)))
+            if len(pending) >= window:
                 yield _result(ray, *pending.popleft(), epoch)
-        finally:
-            # Closed early: nobody reads these (unless Ray is gone already, at exit).
-            for _, ref in pending if ray.is_initialized() else ():
-                ray.cancel(ref)
+        while pending:
+            yield _result(ray, *pending.popleft(), epoch)
 
     def close(self) -> None:
         """Drops the object-store copies; the next epoch puts them again."""
