@@ -7,6 +7,7 @@ imports its framework only when it is used. Its modules are internal.
 - `sampled_source`: what every backend shares (batches in the sampler's order).
 - `sequence_source`: variable-length rows padded, bucketed or packed through any backend.
 - `mixture_source`: several datasets in one stream by weight, through any backend.
+- `mixed_sequences`: a mixture of token corpora, padded, bucketed or packed.
 - `numpy`, `torch`, `tf`, `grain`, `hf`: one module per framework.
 - `ray`: Ray tasks on a cluster.
 - `tfds_store`: the TFDS-format cache the tf backend reads.

@@ -380,9 +380,7 @@ def mixture_source(
       ValueError: a component with rows of different lengths (not yet
         mixable), or too few rows for ``sampler_args``' batch.
     """
-    args = dict(sampler_args)
-    shuffle, block_rows = args.pop("shuffle"), args.pop("block_rows")
-    window_blocks, seed = args.pop("window_blocks"), args["seed"]
+    args = {k: v for k, v in sampler_args.items() if k not in SHUFFLE_ARGS}
     sampler = Sampler(num_examples=args["batch_size"] * args["process_count"], **args)
     datasets, transforms, orders = {}, {}, {}
     for key, dataset in mixture.components.items():
@@ -390,24 +388,35 @@ def mixture_source(
         if data.ragged_fields():
             raise ValueError(
                 f"mixture component {key!r} ({data.name}) has rows of different lengths "
-                f"({data.ragged_fields()}); mixing them is not supported yet: pack each "
-                "corpus, or mix fixed-length rows"
+                f"({data.ragged_fields()}); pass pad=, bucket= or pack= to batch them"
             )
-        own = mixture.transforms.get(key, data.transform)
-        fn = own if transform is None else transform if own is None else Composed(own, transform)
-        rows = block_rows
-        if shuffle == "blocks" and rows is None:
-            from jaxfeed.loaders.sampler import default_block_rows
-
-            rows = default_block_rows(sum(a.nbytes for a in data.head.values()))
-        orders[key] = Sampler(
-            num_examples=len(data),
-            batch_size=1,
-            seed=component_seed(seed, key),
-            shuffle=shuffle,
-            block_rows=rows,
-            window_blocks=window_blocks,
-            units=(data.units or None) if shuffle == "blocks" else None,
-        )
-        datasets[key], transforms[key] = data, fn
+        transforms[key] = composed(mixture.transforms.get(key, data.transform), transform)
+        datasets[key], orders[key] = data, component_order(data, key, sampler_args)
     return MixtureSource(module, mixture, datasets, transforms, sampler, orders, options)
+
+
+SHUFFLE_ARGS = ("shuffle", "block_rows", "window_blocks")
+
+
+def composed(own: Any, then: Any) -> Any:
+    """A component's transform (its own, or its dataset's), then `make`'s."""
+    return own if then is None else then if own is None else Composed(own, then)
+
+
+def component_order(data: ArrayDataset, name: str, sampler_args: Mapping[str, Any]) -> Sampler:
+    """Component ``name``'s passes: the shared sampler's shuffles of its rows,
+    with its own seed."""
+    shuffle, rows = sampler_args["shuffle"], sampler_args["block_rows"]
+    if shuffle == "blocks" and rows is None:
+        from jaxfeed.loaders.sampler import default_block_rows
+
+        rows = default_block_rows(sum(a.nbytes for a in data.head.values()))
+    return Sampler(
+        num_examples=len(data),
+        batch_size=1,
+        seed=component_seed(sampler_args["seed"], name),
+        shuffle=shuffle,
+        block_rows=rows,
+        window_blocks=sampler_args["window_blocks"],
+        units=(data.units or None) if shuffle == "blocks" else None,
+    )

@@ -334,38 +334,43 @@ def make(
 
 
 def _mixture(spec: Backend, mixture: Mixture, args: Mapping[str, Any], options: dict) -> Any:
-    """`make` of a `Mixture`: its components loaded as ``dataset`` would be."""
-    if args["host_fields"] or args["pad"] or args["bucket"] or args["pack"]:
-        raise ValueError(
-            "a Mixture takes none of host_fields=, pad=, bucket=, pack= yet; mix fixed-length rows"
-        )
+    """`make` of a `Mixture`: its components loaded as ``dataset`` would be;
+    with ``pad=``/``bucket=``/``pack=``, laid out in the mixture's order."""
+    if args["host_fields"]:
+        raise ValueError("a Mixture takes no host_fields= yet; leave it out")
     if options.get("order", "sampler") != "sampler":
         raise ValueError("a Mixture follows its own plan; drop order=")
     module = _module(spec, options)
-    from jaxfeed.loaders.backends.mixture_source import mixture_source
-
     split, data_dir, format = args["split"], args["data_dir"], args["format"]
     storage = args["storage_options"]
-    return mixture_source(
-        module,
-        mixture,
-        lambda d: load_dataset(d, split, data_dir=data_dir, format=format, storage_options=storage),
-        args["transform"],
-        {
-            k: args[k]
-            for k in (
-                "batch_size",
-                "seed",
-                "shuffle",
-                "drop_remainder",
-                "process_index",
-                "process_count",
-                "block_rows",
-                "window_blocks",
-            )
-        },
-        options,
-    )
+
+    def load(dataset: Any) -> Any:
+        return load_dataset(
+            dataset, split, data_dir=data_dir, format=format, storage_options=storage
+        )
+
+    sampler_args = {
+        k: args[k]
+        for k in (
+            "batch_size",
+            "seed",
+            "shuffle",
+            "drop_remainder",
+            "process_index",
+            "process_count",
+            "block_rows",
+            "window_blocks",
+        )
+    }
+    if args["layout"] is not None:
+        from jaxfeed.loaders.backends.mixed_sequences import mixed_sequence_source
+
+        return mixed_sequence_source(
+            module, mixture, load, args["transform"], sampler_args, args["layout"], options
+        )
+    from jaxfeed.loaders.backends.mixture_source import mixture_source
+
+    return mixture_source(module, mixture, load, args["transform"], sampler_args, options)
 
 
 def _module(spec: Backend, options: Mapping[str, Any]) -> Any:

@@ -19,7 +19,7 @@ tables stay bounded for a corpus bigger than memory.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from types import ModuleType
 from typing import Any
 
@@ -53,10 +53,19 @@ LAYOUT_BATCHES = 64
 class Planner:
     """The epoch plans of one source, and each process's batches in them.
     Picklable (it travels into Grain's workers with `ChunkReads`); the last
-    epoch's plan is kept."""
+    epoch's plan is kept. Each epoch's rows come in ``order(epoch)`` (by
+    default the sampler's permutation; a mixture's order otherwise)."""
 
-    def __init__(self, layout: Layout, lengths: np.ndarray, offsets: np.ndarray, sampler: Sampler):
+    def __init__(
+        self,
+        layout: Layout,
+        lengths: np.ndarray,
+        offsets: np.ndarray,
+        sampler: Sampler,
+        order: Callable[[int], np.ndarray] | None = None,
+    ):
         self.layout, self.lengths, self.offsets, self.sampler = layout, lengths, offsets, sampler
+        self.order = sampler.permutation if order is None else order
         self._last: tuple[int, EpochPlan] | None = None
         self._lock = threading.Lock()
 
@@ -70,9 +79,12 @@ class Planner:
         with self._lock:
             if self._last is None or self._last[0] != epoch:
                 s = self.sampler
-                order = s.permutation(epoch)
                 plan = plan_epoch(
-                    self.layout, order, self.lengths, s.global_batch_size, s.drop_remainder
+                    self.layout,
+                    self.order(epoch),
+                    self.lengths,
+                    s.global_batch_size,
+                    s.drop_remainder,
                 )
                 self._last = (epoch, plan)
             return self._last[1]
@@ -232,6 +244,7 @@ class SequenceSource:
         sampler: Sampler,
         layout: Layout,
         options: Mapping[str, Any],
+        order: Callable[[int], np.ndarray] | None = None,
     ):
         ragged = {k: v for k, v in dataset.arrays.items() if isinstance(v, RaggedField)}
         fixed = {k: v for k, v in dataset.arrays.items() if k not in ragged}
@@ -262,7 +275,7 @@ class SequenceSource:
         check_lengths(layout, lengths, f"dataset {name}")
         first_field = next(iter(ragged.values()))
         self.layout, self.sampler, self.dataset = layout, sampler, dataset
-        self.planner = Planner(layout, lengths, first_field.offsets, sampler)
+        self.planner = Planner(layout, lengths, first_field.offsets, sampler, order)
         self._ragged = {k: (v.frame_shape, v.dtype) for k, v in ragged.items()}
         self._fixed = {k: (v.shape[1:], v.dtype) for k, v in fixed.items()}
         plan0 = self.planner.plan(0)
