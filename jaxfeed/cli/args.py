@@ -47,6 +47,15 @@ def positive(text: str) -> int:
     return value
 
 
+class Datasets(argparse.Action):
+    """``--dataset``, repeatable (a mixture's, with ``--weights``): the first
+    given replaces the default."""
+
+    def __call__(self, parser: Any, namespace: Any, value: Any, option: Any = None) -> None:
+        given = getattr(namespace, self.dest)
+        setattr(namespace, self.dest, [*(given if isinstance(given, list) else []), value])
+
+
 def weights(text: str) -> list[float]:
     """``0.7,0.3``: a mixture's weights, each a number >= 0."""
     try:

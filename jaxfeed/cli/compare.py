@@ -1,5 +1,5 @@
 """``jaxfeed compare``: its arguments, and the run of a workload (``copy``,
-``decode`` or ``sequences``) over every backend (docs/compare.md)."""
+``decode``, ``sequences`` or ``mixtures``) over every backend (docs/compare.md)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from jaxfeed.cli.args import (
     DATA_DIR_HELP,
     DATASET_HELP,
     DEVICES_HELP,
+    Datasets,
     check_writable,
     loader_list,
     non_negative,
@@ -20,6 +21,7 @@ from jaxfeed.cli.args import (
     seed,
     set_devices,
     subcommand,
+    weights,
     worker_counts,
 )
 
@@ -39,19 +41,22 @@ def add_compare(commands: argparse._SubParsersAction) -> None:
         "(JAX backend), each training in a fresh process. --workload decode: the same for "
         "PNG decoding and augmentation, per worker count, beside each framework's own "
         "pipeline; --workload sequences: paragraphs of CPython's docs as byte tokens, padded, "
-        "bucketed and packed, beside each framework's own padding, bucketing or packing "
-        "(docs/compare.md).",
+        "bucketed and packed, beside each framework's own padding, bucketing or packing; "
+        "--workload mixtures: datasets mixed by weight on every backend, beside each "
+        "framework's own mixture, with the shares each realized (docs/compare.md).",
     )
     compare.add_argument(
         "--workload",
-        choices=("copy", "decode", "sequences"),
+        choices=("copy", "decode", "sequences", "mixtures"),
         default=None,
         help="copy: decoded digits (what the flags above describe); decode: digits-png, "
         "or the user's files with --dataset DIR (TFRecord, ArrayRecord, Parquet, image "
         "folder: 'image' bytes and 'label'), decoded and augmented per record in each "
         "backend's workers, beside each framework's own reader of those files; sequences: "
         "rows of different lengths with pad=, bucket= and pack= (loader figures, no "
-        "training). None: decode for --dataset DIR of such files, else copy",
+        "training); mixtures: --dataset given several times with --weights (default: the "
+        "digits 0-4 and 5-9 at 0.7,0.3), the shares each pipeline realized. None: mixtures "
+        "for several --dataset, decode for --dataset DIR of such files, else copy",
     )
     compare.add_argument(
         "--workers",
@@ -67,7 +72,19 @@ def add_compare(commands: argparse._SubParsersAction) -> None:
         metavar="A,B,...",
         help="backends to compare; None: every available one",
     )
-    compare.add_argument("--dataset", default=DEFAULT_DATASET, help=DATASET_HELP)
+    compare.add_argument(
+        "--dataset",
+        action=Datasets,
+        default=DEFAULT_DATASET,
+        help=DATASET_HELP + "; given several times (with --weights): --workload mixtures",
+    )
+    compare.add_argument(
+        "--weights",
+        type=weights,
+        default=None,
+        metavar="W1,W2,...",
+        help="--workload mixtures: one weight per --dataset; None: 0.7,0.3",
+    )
     compare.add_argument("--data-dir", default=None, help=DATA_DIR_HELP)
     compare.add_argument("--batch-size", type=positive, default=128, help="per-process batch")
     compare.add_argument("--seed", type=seed, default=0, help="shuffle and init seed")
@@ -126,12 +143,22 @@ def run_compare(args: argparse.Namespace, command: list[str]) -> int:
     names = args.loaders if args.loaders is not None else tuple(registry.everyday())
     for name in names:
         registry.get(name)  # unknown or not installed: a clear error, before any work
+    datasets = args.dataset if isinstance(args.dataset, list) else [args.dataset]
     if args.workload is None:
-        args.workload = "decode" if _holds_files(args.dataset) else "copy"
+        several = len(datasets) > 1
+        args.workload = "mixtures" if several else "decode" if _holds_files(datasets[0]) else "copy"
+    if args.workload != "mixtures":
+        if len(datasets) > 1 or args.weights is not None:
+            raise ValueError(
+                f"several --dataset and --weights are for --workload mixtures, not "
+                f"--workload {args.workload}; give one --dataset"
+            )
+        args.dataset = datasets[0]
     chosen = {
         "copy": _copy_workload,
         "decode": _decode_workload,
         "sequences": _sequences_workload,
+        "mixtures": _mixtures_workload,
     }[args.workload]
     workload, config, report = chosen(args, tuple(dict.fromkeys(names)))
     mesh = data_mesh(pick_devices(jax.devices(), args.devices))
@@ -224,6 +251,47 @@ def _sequences_workload(args: argparse.Namespace, names: tuple[str, ...]) -> tup
         idioms=not args.no_baselines,
     )
     return Sequences, config, report
+
+
+def _mixtures_workload(args: argparse.Namespace, names: tuple[str, ...]) -> tuple[type, Any, Any]:
+    """The mixtures workload's class, its config from ``args``, and its report module."""
+    from jaxfeed.compare.workloads.mixtures import report
+    from jaxfeed.compare.workloads.mixtures.workload import (
+        DEFAULT_WEIGHTS,
+        Mixtures,
+        MixturesConfig,
+    )
+
+    if args.workers is not None or args.train_epochs != TRAIN_EPOCHS or args.plot is not None:
+        raise ValueError(
+            "--workload mixtures reads each backend in this process, trains nothing and "
+            "prints a table; drop --workers, --train-epochs and --plot"
+        )
+    datasets = args.dataset if isinstance(args.dataset, list) else []
+    if len(datasets) == 1:
+        raise ValueError(
+            "--workload mixtures mixes several --dataset (with --weights), or by default the "
+            "digits 0-4 and 5-9; give --dataset twice or more, or none"
+        )
+    given = args.weights or DEFAULT_WEIGHTS
+    if len(given) != (len(datasets) or 2):
+        raise ValueError(
+            f"{len(datasets) or 2} datasets and {len(given)} --weights: give one weight per "
+            "--dataset"
+        )
+    config = MixturesConfig(
+        backends=names,
+        datasets=tuple(datasets),
+        weights=tuple(given),
+        data_dir=args.data_dir,
+        batch_size=args.batch_size,
+        seed=args.seed,
+        repeats=args.repeats,
+        warmup=args.warmup,
+        max_batches=args.max_batches,
+        idioms=not args.no_baselines,
+    )
+    return Mixtures, config, report
 
 
 def _holds_files(dataset: str) -> bool:

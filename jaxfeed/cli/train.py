@@ -15,6 +15,7 @@ from jaxfeed.cli.args import (
     DATA_DIR_HELP,
     DATASET_HELP,
     DEVICES_HELP,
+    Datasets,
     check_directory,
     check_writable,
     in_flags,
@@ -46,20 +47,12 @@ FLOAT_IMAGE_LEARNING_RATE = 0.01
 _NAME_WAIT_S = 2.0
 
 
-class _Datasets(argparse.Action):
-    """``--dataset``, repeatable: the first given replaces the default."""
-
-    def __call__(self, parser: Any, namespace: Any, value: Any, option: Any = None) -> None:
-        given = getattr(namespace, self.dest)
-        setattr(namespace, self.dest, [*(given if isinstance(given, list) else []), value])
-
-
 def add_train(commands: argparse._SubParsersAction) -> None:
     train = subcommand(commands, "train", help="train the MNIST MLP through one loader backend")
     train.add_argument("--loader", default="numpy", help="backend name (see `jaxfeed backends`)")
     train.add_argument(
         "--dataset",
-        action=_Datasets,
+        action=Datasets,
         default="mnist-sample",
         help=DATASET_HELP + "; given several times with --weights: their mixture "
         "(docs/mixtures.md), an epoch ending when the first has been read once",

@@ -6,6 +6,8 @@
   beside each framework's own pipeline.
 - `sequences`: text rows of different lengths padded, bucketed and packed on
   every backend, beside each framework's own text idiom.
+- `mixtures`: datasets mixed by weight on every backend, beside each
+  framework's own mixture, with the shares each realized.
 """
 
 __all__: list[str] = []  # internal: nothing here is public
