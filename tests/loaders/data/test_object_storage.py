@@ -1,6 +1,7 @@
 """Datasets at s3:// URLs, against a moto S3 server on 127.0.0.1 (nothing
-leaves the machine): every backend byte-identical to the local copy, the
-cache's bound, errors named, retries, and no secret in any message or record."""
+leaves the machine): every backend byte-identical to the local copy, also
+through a fault-injecting proxy, the cache's bound, errors named, retries,
+and no secret in any message or record."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import io
 import json
 import os
 import pickle
+import re
 import socket
 import subprocess
 import sys
@@ -18,6 +20,7 @@ import traceback
 
 import numpy as np
 import pytest
+from faulty_proxy import FAULTS, FaultyProxy
 from jaxfeed.loaders._doors import fsspec as door
 from jaxfeed.loaders._io.retry import RetriesExhausted, with_retries
 from jaxfeed.loaders.backends.registry import everyday
@@ -273,3 +276,80 @@ def test_a_short_body_is_transient_and_never_served():
     wrapped = OSError("translated")
     wrapped.__cause__ = SlowDown()
     assert door.is_transient(wrapped) and not door.is_transient(PermissionError("denied"))
+
+
+def _through(proxy: FaultyProxy) -> dict:
+    return {"client_kwargs": {"endpoint_url": proxy.url}}
+
+
+# botocore retries 5xx, 429 and dropped connections itself, s3fs bodies cut
+# short and SlowDown: with botocore's off, jaxfeed's own retries cure the rest.
+NO_BOTOCORE_RETRIES = {"config_kwargs": {"retries": {"total_max_attempts": 1}}}
+
+
+@pytest.mark.parametrize(
+    ("backend", "kwargs", "client"),
+    [
+        ("numpy", {}, {}),
+        ("numpy", {}, NO_BOTOCORE_RETRIES),
+    ],
+    ids=["numpy", "numpy-no-botocore-retries"],
+)
+def test_faults_between_client_and_store_never_change_a_batch(
+    store, tmp_path, backend, kwargs, client
+):
+    """Through a proxy that delays every request and drops, refuses (500, 503,
+    429, SlowDown) or cuts short one in two, each backend reads, from a fresh
+    cache, the local copy's batches over two epochs (whose checks list the
+    objects through it too)."""
+    url = f"s3://{BUCKET}/npy/"
+    local = str(store["local"] / "npy")
+    port = int(store["endpoint"].rsplit(":", 1)[1])
+    with store["env"].context() as env, FaultyProxy(port, every=2) as proxy:
+        env.setenv("JAXFEED_CACHE_DIR", str(tmp_path))
+        env.setenv("JAXFEED_RETRY_SECONDS", "30")
+        want = _epochs(jaxfeed.make(backend, dataset=local, batch_size=16, **kwargs))
+        source = jaxfeed.make(
+            backend,
+            dataset=url,
+            storage_options={**_through(proxy), **client},
+            batch_size=16,
+            **kwargs,
+        )
+        assert _same(_epochs(source), want)
+        if hasattr(source, "close"):
+            source.close()
+    assert set(proxy.counts) == {"latency", *FAULTS}, proxy.counts
+
+
+def test_a_fault_that_never_stops_ends_in_one_named_error_in_bounded_time(store, tmp_path):
+    """Every object read answered 503: one `OSError` naming the object, the
+    byte range and the last error, once the retry budget is spent; nothing
+    kept in the cache. (botocore's own retries are turned off here: by
+    default each try of jaxfeed's takes up to ~15 s of botocore's backoff.)"""
+    port = int(store["endpoint"].rsplit(":", 1)[1])
+    reads = lambda method, path, headers: "Range" in headers  # noqa: E731
+    with (
+        store["env"].context() as env,
+        FaultyProxy(port, every=1, faults=("503",), only=reads) as proxy,
+    ):
+        env.setenv("JAXFEED_CACHE_DIR", str(tmp_path))
+        env.setenv("JAXFEED_RETRY_SECONDS", "1")
+        began = time.monotonic()
+        with pytest.raises(OSError) as caught:
+            jaxfeed.make(
+                "numpy",
+                dataset=f"s3://{BUCKET}/npy/",
+                storage_options={**_through(proxy), **NO_BOTOCORE_RETRIES},
+            )
+        spent = time.monotonic() - began
+    assert type(caught.value) is OSError
+    message = str(caught.value)
+    assert re.search(
+        rf"s3://{BUCKET}/npy/(train|test)/[xy]\.npy bytes 0-\d+: failed \d+ time\(s\) "
+        r"over [\d.]+ s, past the retry budget of 1 s; last error: .*injected 503",
+        message,
+    ), message
+    assert spent < 10 and proxy.counts["503"] >= 4, (spent, proxy.counts)
+    kept = [p.name for p in (tmp_path / "objects").iterdir() if not p.name.endswith(".lock")]
+    assert kept == [], kept  # no entry, not even a part of one
