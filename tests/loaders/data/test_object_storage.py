@@ -353,3 +353,38 @@ def test_a_fault_that_never_stops_ends_in_one_named_error_in_bounded_time(store,
     assert spent < 10 and proxy.counts["503"] >= 4, (spent, proxy.counts)
     kept = [p.name for p in (tmp_path / "objects").iterdir() if not p.name.endswith(".lock")]
     assert kept == [], kept  # no entry, not even a part of one
+
+
+@pytest.mark.slow  # trains the MLP
+def test_jaxfeed_train_reads_a_dataset_url(store, tmp_path, capsys):
+    """``jaxfeed train --dataset s3://...`` (the endpoint from the store's
+    standard chain: ``AWS_ENDPOINT_URL``), one short epoch whose record names
+    the URL and holds no secret; then ``jaxfeed compare`` on it, one batch."""
+    from jaxfeed.cli import main
+
+    sample = {s: jaxfeed.load_dataset("mnist-sample", s) for s in ("train", "test")}
+    for split, rows in (("train", 512), ("test", 128)):
+        for name in ("image", "label"):
+            body = io.BytesIO()
+            np.save(body, sample[split][name][:rows])
+            key = f"mnist/{split}/{name}.npy"
+            store["s3"].put_object(Bucket=BUCKET, Key=key, Body=body.getvalue())
+    out = tmp_path / "run.json"
+    with store["env"].context() as env:
+        env.setenv("AWS_ENDPOINT_URL", store["endpoint"])
+        argv = ["train", "--dataset", f"s3://{BUCKET}/mnist/", "--epochs", "1", "--quiet"]
+        assert main([*argv, "--batch-size", "64", "--json", str(out)]) == 0
+    said = capsys.readouterr()
+    assert f"dataset=s3://{BUCKET}/mnist/" in said.out and "train=8 batches" in said.out
+    record = json.loads(out.read_text())
+    assert record["dataset"] == f"s3://{BUCKET}/mnist/" and record["epochs"][0]["step"] == 8
+    assert SECRET not in said.out + said.err + json.dumps(record)
+    compare = ["compare", "--dataset", f"s3://{BUCKET}/mnist/", "--loaders", "numpy"]
+    compare += ["--max-batches", "1", "--repeats", "1", "--warmup", "0", "--train-epochs", "1"]
+    with store["env"].context() as env:
+        env.setenv("AWS_ENDPOINT_URL", store["endpoint"])
+        assert main([*compare, "--no-baselines", "--json", str(tmp_path / "c.json")]) == 0
+    result = json.loads((tmp_path / "c.json").read_text())
+    assert result["dataset"]["name"] == f"s3://{BUCKET}/mnist"
+    assert result["dataset"]["train_examples"] == 512
+    assert result["backends"]["numpy"]["runs"][0]["history"][0]["step"] == 1
