@@ -13,10 +13,12 @@ import os
 import pickle
 import re
 import socket
+import struct
 import subprocess
 import sys
 import time
 import traceback
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -24,6 +26,8 @@ from faulty_proxy import FAULTS, FaultyProxy
 from jaxfeed.loaders._doors import fsspec as door
 from jaxfeed.loaders._io.retry import RetriesExhausted, with_retries
 from jaxfeed.loaders.backends.registry import everyday
+from jaxfeed.loaders.data.formats.example import serialize_example
+from jaxfeed.loaders.data.formats.tfrecord import masked_crc32c
 from jaxfeed.loaders.data.object_cache import ObjectCache
 
 import jaxfeed
@@ -41,8 +45,9 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
-    """A moto S3 server with a .npy directory and a Parquet file in it, and the
-    same files on local disk; the environment points only at 127.0.0.1."""
+    """A moto S3 server with a .npy directory, a Parquet file, TFRecord shards
+    and ArrayRecord files in it, and the same files on local disk; the
+    environment points only at 127.0.0.1."""
     import boto3
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -91,10 +96,39 @@ def store(tmp_path_factory):
             pq.write_table(table, local / "pq" / "train-00000.parquet", row_group_size=32)
             key = "pq/train-00000.parquet"
             s3.upload_file(str(local / key), BUCKET, key)
+            for key in _write_examples(local, rng):
+                s3.upload_file(str(local / key), BUCKET, key)
             yield {"endpoint": endpoint, "s3": s3, "local": local, "env": env}
     finally:
         server.terminate()
         server.wait(10)
+
+
+def _write_examples(local: Path, rng: np.random.Generator) -> list[str]:
+    """The same Examples as TFRecord shards (two for train, one for test) and
+    an ArrayRecord file per split; their keys under ``local``."""
+    from array_record.python.array_record_module import ArrayRecordWriter
+
+    rows = [
+        serialize_example({"x": rng.normal(size=4).astype(np.float32), "y": np.array([i % 10])})
+        for i in range(90)
+    ]
+    shards = {"train-00000-of-00002": rows[:35], "train-00001-of-00002": rows[35:70]}
+    shards["test-00000-of-00001"] = rows[70:]
+    (local / "tfrecord").mkdir()
+    for name, part in shards.items():
+        with open(local / "tfrecord" / f"{name}.tfrecord", "wb") as file:
+            for data in part:
+                length = struct.pack("<Q", len(data))
+                file.write(length + struct.pack("<I", masked_crc32c(length)))
+                file.write(data + struct.pack("<I", masked_crc32c(data)))
+    for split, part in (("train", rows[:70]), ("test", rows[70:])):
+        (local / "arrayrecord" / split).mkdir(parents=True)
+        writer = ArrayRecordWriter(str(local / "arrayrecord" / split / "data.array_record"))
+        for data in part:
+            writer.write(data)
+        writer.close()
+    return [str(p.relative_to(local)) for p in local.glob("*record/**/*") if p.is_file()]
 
 
 def _opts(store) -> dict:
@@ -112,10 +146,11 @@ def _same(a: list, b: list) -> bool:
     )
 
 
-@pytest.mark.parametrize("prefix", ["npy/", "pq/"])
+@pytest.mark.parametrize("prefix", ["npy/", "pq/", "tfrecord/", "arrayrecord/"])
 def test_every_backend_reads_the_local_copys_batches(store, prefix):
     url = f"s3://{BUCKET}/{prefix}"
     want = _epochs(jaxfeed.make("numpy", dataset=str(store["local"] / prefix), batch_size=16))
+    assert len(want) >= 8  # two epochs of at least 4 batches
     for backend in everyday():
         source = jaxfeed.make(backend, dataset=url, storage_options=_opts(store), batch_size=16)
         assert source.dataset.name == f"s3://{BUCKET}/{prefix}train"
