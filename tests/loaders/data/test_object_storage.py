@@ -1,6 +1,7 @@
 """Datasets at s3:// URLs, against a moto S3 server on 127.0.0.1 (nothing
-leaves the machine): every backend byte-identical to the local copy, the
-cache's bound, errors named, retries, and no secret in any message or record."""
+leaves the machine): every backend byte-identical to the local copy, also
+through a fault-injecting proxy, the cache's bound, errors named, retries,
+and no secret in any message or record."""
 
 from __future__ import annotations
 
@@ -10,17 +11,23 @@ import io
 import json
 import os
 import pickle
+import re
 import socket
+import struct
 import subprocess
 import sys
 import time
 import traceback
+from pathlib import Path
 
 import numpy as np
 import pytest
+from faulty_proxy import FAULTS, FaultyProxy
 from jaxfeed.loaders._doors import fsspec as door
 from jaxfeed.loaders._io.retry import RetriesExhausted, with_retries
 from jaxfeed.loaders.backends.registry import everyday
+from jaxfeed.loaders.data.formats.example import serialize_example
+from jaxfeed.loaders.data.formats.tfrecord import masked_crc32c
 from jaxfeed.loaders.data.object_cache import ObjectCache
 
 import jaxfeed
@@ -38,8 +45,9 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
-    """A moto S3 server with a .npy directory and a Parquet file in it, and the
-    same files on local disk; the environment points only at 127.0.0.1."""
+    """A moto S3 server with a .npy directory, a Parquet file, TFRecord shards
+    and ArrayRecord files in it, and the same files on local disk; the
+    environment points only at 127.0.0.1."""
     import boto3
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -88,10 +96,39 @@ def store(tmp_path_factory):
             pq.write_table(table, local / "pq" / "train-00000.parquet", row_group_size=32)
             key = "pq/train-00000.parquet"
             s3.upload_file(str(local / key), BUCKET, key)
+            for key in _write_examples(local, rng):
+                s3.upload_file(str(local / key), BUCKET, key)
             yield {"endpoint": endpoint, "s3": s3, "local": local, "env": env}
     finally:
         server.terminate()
         server.wait(10)
+
+
+def _write_examples(local: Path, rng: np.random.Generator) -> list[str]:
+    """The same Examples as TFRecord shards (two for train, one for test) and
+    an ArrayRecord file per split; their keys under ``local``."""
+    from array_record.python.array_record_module import ArrayRecordWriter
+
+    rows = [
+        serialize_example({"x": rng.normal(size=4).astype(np.float32), "y": np.array([i % 10])})
+        for i in range(90)
+    ]
+    shards = {"train-00000-of-00002": rows[:35], "train-00001-of-00002": rows[35:70]}
+    shards["test-00000-of-00001"] = rows[70:]
+    (local / "tfrecord").mkdir()
+    for name, part in shards.items():
+        with open(local / "tfrecord" / f"{name}.tfrecord", "wb") as file:
+            for data in part:
+                length = struct.pack("<Q", len(data))
+                file.write(length + struct.pack("<I", masked_crc32c(length)))
+                file.write(data + struct.pack("<I", masked_crc32c(data)))
+    for split, part in (("train", rows[:70]), ("test", rows[70:])):
+        (local / "arrayrecord" / split).mkdir(parents=True)
+        writer = ArrayRecordWriter(str(local / "arrayrecord" / split / "data.array_record"))
+        for data in part:
+            writer.write(data)
+        writer.close()
+    return [str(p.relative_to(local)) for p in local.glob("*record/**/*") if p.is_file()]
 
 
 def _opts(store) -> dict:
@@ -109,10 +146,11 @@ def _same(a: list, b: list) -> bool:
     )
 
 
-@pytest.mark.parametrize("prefix", ["npy/", "pq/"])
+@pytest.mark.parametrize("prefix", ["npy/", "pq/", "tfrecord/", "arrayrecord/"])
 def test_every_backend_reads_the_local_copys_batches(store, prefix):
     url = f"s3://{BUCKET}/{prefix}"
     want = _epochs(jaxfeed.make("numpy", dataset=str(store["local"] / prefix), batch_size=16))
+    assert len(want) >= 8  # two epochs of at least 4 batches
     for backend in everyday():
         source = jaxfeed.make(backend, dataset=url, storage_options=_opts(store), batch_size=16)
         assert source.dataset.name == f"s3://{BUCKET}/{prefix}train"
@@ -273,3 +311,115 @@ def test_a_short_body_is_transient_and_never_served():
     wrapped = OSError("translated")
     wrapped.__cause__ = SlowDown()
     assert door.is_transient(wrapped) and not door.is_transient(PermissionError("denied"))
+
+
+def _through(proxy: FaultyProxy) -> dict:
+    return {"client_kwargs": {"endpoint_url": proxy.url}}
+
+
+# botocore retries 5xx, 429 and dropped connections itself, s3fs bodies cut
+# short and SlowDown: with botocore's off, jaxfeed's own retries cure the rest.
+NO_BOTOCORE_RETRIES = {"config_kwargs": {"retries": {"total_max_attempts": 1}}}
+
+
+@pytest.mark.parametrize(
+    ("backend", "kwargs", "client"),
+    [
+        ("numpy", {}, {}),
+        ("numpy", {}, NO_BOTOCORE_RETRIES),
+    ],
+    ids=["numpy", "numpy-no-botocore-retries"],
+)
+def test_faults_between_client_and_store_never_change_a_batch(
+    store, tmp_path, backend, kwargs, client
+):
+    """Through a proxy that delays every request and drops, refuses (500, 503,
+    429, SlowDown) or cuts short one in two, each backend reads, from a fresh
+    cache, the local copy's batches over two epochs (whose checks list the
+    objects through it too)."""
+    url = f"s3://{BUCKET}/npy/"
+    local = str(store["local"] / "npy")
+    port = int(store["endpoint"].rsplit(":", 1)[1])
+    with store["env"].context() as env, FaultyProxy(port, every=2) as proxy:
+        env.setenv("JAXFEED_CACHE_DIR", str(tmp_path))
+        env.setenv("JAXFEED_RETRY_SECONDS", "30")
+        want = _epochs(jaxfeed.make(backend, dataset=local, batch_size=16, **kwargs))
+        source = jaxfeed.make(
+            backend,
+            dataset=url,
+            storage_options={**_through(proxy), **client},
+            batch_size=16,
+            **kwargs,
+        )
+        assert _same(_epochs(source), want)
+        if hasattr(source, "close"):
+            source.close()
+    assert set(proxy.counts) == {"latency", *FAULTS}, proxy.counts
+
+
+def test_a_fault_that_never_stops_ends_in_one_named_error_in_bounded_time(store, tmp_path):
+    """Every object read answered 503: one `OSError` naming the object, the
+    byte range and the last error, once the retry budget is spent; nothing
+    kept in the cache. (botocore's own retries are turned off here: by
+    default each try of jaxfeed's takes up to ~15 s of botocore's backoff.)"""
+    port = int(store["endpoint"].rsplit(":", 1)[1])
+    reads = lambda method, path, headers: "Range" in headers  # noqa: E731
+    with (
+        store["env"].context() as env,
+        FaultyProxy(port, every=1, faults=("503",), only=reads) as proxy,
+    ):
+        env.setenv("JAXFEED_CACHE_DIR", str(tmp_path))
+        env.setenv("JAXFEED_RETRY_SECONDS", "1")
+        began = time.monotonic()
+        with pytest.raises(OSError) as caught:
+            jaxfeed.make(
+                "numpy",
+                dataset=f"s3://{BUCKET}/npy/",
+                storage_options={**_through(proxy), **NO_BOTOCORE_RETRIES},
+            )
+        spent = time.monotonic() - began
+    assert type(caught.value) is OSError
+    message = str(caught.value)
+    assert re.search(
+        rf"s3://{BUCKET}/npy/(train|test)/[xy]\.npy bytes 0-\d+: failed \d+ time\(s\) "
+        r"over [\d.]+ s, past the retry budget of 1 s; last error: .*injected 503",
+        message,
+    ), message
+    assert spent < 10 and proxy.counts["503"] >= 4, (spent, proxy.counts)
+    kept = [p.name for p in (tmp_path / "objects").iterdir() if not p.name.endswith(".lock")]
+    assert kept == [], kept  # no entry, not even a part of one
+
+
+@pytest.mark.slow  # trains the MLP
+def test_jaxfeed_train_reads_a_dataset_url(store, tmp_path, capsys):
+    """``jaxfeed train --dataset s3://...`` (the endpoint from the store's
+    standard chain: ``AWS_ENDPOINT_URL``), one short epoch whose record names
+    the URL and holds no secret; then ``jaxfeed compare`` on it, one batch."""
+    from jaxfeed.cli import main
+
+    sample = {s: jaxfeed.load_dataset("mnist-sample", s) for s in ("train", "test")}
+    for split, rows in (("train", 512), ("test", 128)):
+        for name in ("image", "label"):
+            body = io.BytesIO()
+            np.save(body, sample[split][name][:rows])
+            key = f"mnist/{split}/{name}.npy"
+            store["s3"].put_object(Bucket=BUCKET, Key=key, Body=body.getvalue())
+    out = tmp_path / "run.json"
+    with store["env"].context() as env:
+        env.setenv("AWS_ENDPOINT_URL", store["endpoint"])
+        argv = ["train", "--dataset", f"s3://{BUCKET}/mnist/", "--epochs", "1", "--quiet"]
+        assert main([*argv, "--batch-size", "64", "--json", str(out)]) == 0
+    said = capsys.readouterr()
+    assert f"dataset=s3://{BUCKET}/mnist/" in said.out and "train=8 batches" in said.out
+    record = json.loads(out.read_text())
+    assert record["dataset"] == f"s3://{BUCKET}/mnist/" and record["epochs"][0]["step"] == 8
+    assert SECRET not in said.out + said.err + json.dumps(record)
+    compare = ["compare", "--dataset", f"s3://{BUCKET}/mnist/", "--loaders", "numpy"]
+    compare += ["--max-batches", "1", "--repeats", "1", "--warmup", "0", "--train-epochs", "1"]
+    with store["env"].context() as env:
+        env.setenv("AWS_ENDPOINT_URL", store["endpoint"])
+        assert main([*compare, "--no-baselines", "--json", str(tmp_path / "c.json")]) == 0
+    result = json.loads((tmp_path / "c.json").read_text())
+    assert result["dataset"]["name"] == f"s3://{BUCKET}/mnist"
+    assert result["dataset"]["train_examples"] == 512
+    assert result["backends"]["numpy"]["runs"][0]["history"][0]["step"] == 1
