@@ -116,6 +116,7 @@ def load_dataset(
     directory = Path(name.removeprefix("idx:")).expanduser()
     arrays = None if name.startswith("idx:") else npy_directory(directory, split, SPLITS)
     if arrays is not None:
+        _only_npy(arrays)
         return ArrayDataset(f"{arrays.resolve().name}/{split}", load_npy_directory(arrays))
     if not name.startswith("idx:") and not _has_idx_files(directory):
         if directory.is_dir() and (found := formats.load(directory, split, SPLITS)) is not None:
@@ -147,9 +148,31 @@ def _load_url(
     if url.startswith("file://"):  # local files: read where they are
         return load_dataset(url.removeprefix("file://"), split, format=format)
     local, objects = remote.fetch(url, storage_options)
-    data = load_dataset(str(local), split, format=format)
+    try:
+        data = load_dataset(str(local), split, format=format)
+    except (ValueError, FileNotFoundError) as error:  # name the URL, not the cache's links
+        raise type(error)(str(error).replace(str(local), objects.url.rstrip("/"))) from None
     data.name, data.origin = f"{objects.url.rstrip('/')}/{split}", objects
     return data
+
+
+def _only_npy(directory: Path) -> None:
+    """Refuses files of another data format beside ``<field>.npy`` files:
+    read as a ``.npy`` directory, they would be silently left out."""
+    from jaxfeed.loaders.data.formats.detect import file_format
+
+    others = sorted(
+        p.name
+        for p in directory.iterdir()
+        if p.suffix != ".npy" and p.is_file() and file_format(p) is not None
+    )
+    if others:
+        shown = ", ".join(others[:3]) + (", ..." if len(others) > 3 else "")
+        raise ValueError(
+            f"{directory} holds <field>.npy files and files of another format ({shown}); a "
+            "dataset directory holds one format: move one kind elsewhere, or pass the files "
+            "you mean (a glob or a list)"
+        )
 
 
 def _has_idx_files(directory: Path) -> bool:

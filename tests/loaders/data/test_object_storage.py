@@ -423,3 +423,11 @@ def test_jaxfeed_train_reads_a_dataset_url(store, tmp_path, capsys):
     assert result["dataset"]["name"] == f"s3://{BUCKET}/mnist"
     assert result["dataset"]["train_examples"] == 512
     assert result["backends"]["numpy"]["runs"][0]["history"][0]["step"] == 1
+
+
+def test_a_prefix_of_npy_and_parquet_objects_is_refused_naming_the_url(store):
+    s3 = store["s3"]
+    s3.put_object(Bucket=BUCKET, Key="mixed/train/x.npy", Body=_npy(np.zeros(8)))
+    s3.put_object(Bucket=BUCKET, Key="mixed/train/extra.parquet", Body=b"PAR1")
+    with pytest.raises(ValueError, match=rf"s3://{BUCKET}/mixed/train holds <field>\.npy files"):
+        jaxfeed.load_dataset(f"s3://{BUCKET}/mixed/", storage_options=_opts(store))

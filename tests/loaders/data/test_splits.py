@@ -41,3 +41,13 @@ def test_a_directory_with_both_splits_gives_each(tmp_path):
     np.testing.assert_array_equal(test["x"][:, 0], [50, 51, 52])
     with pytest.raises(MissingSplitError):  # the train/ directory itself is one split
         loaders.load_dataset(tmp_path / "train", "test")
+
+
+def test_npy_files_beside_files_of_another_format_are_refused_not_left_out(tmp_path):
+    # The Parquet file was silently left out: the directory read as .npy only.
+    _save(tmp_path / "train", 10)
+    (tmp_path / "train" / "notes.txt").write_text("not data: ignored")
+    assert len(loaders.load_dataset(tmp_path, "train")) == 10
+    (tmp_path / "train" / "more-00000.parquet").write_bytes(b"PAR1")
+    with pytest.raises(ValueError, match=r"<field>\.npy files and files of another format"):
+        loaders.load_dataset(tmp_path, "train")
