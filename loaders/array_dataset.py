@@ -7,7 +7,7 @@ import json
 import threading
 import types
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 from jaxfeed.loaders._io.mapped_files import memmap_of
@@ -15,7 +15,7 @@ from jaxfeed.loaders.bytes_field import BytesField
 from jaxfeed.loaders.protocol import MASK_KEY
 from jaxfeed.loaders.ragged_field import RaggedField
 
-__all__ = ["ArrayDataset", "InPlaceFiles", "Origin"]
+__all__ = ["ArrayDataset", "InPlaceFiles", "Origin", "RemoteField"]
 
 NUMERIC_KINDS = "biuf"  # bool, signed, unsigned, float: what every backend stores
 
@@ -50,6 +50,26 @@ class Origin(Protocol):
     def check(self) -> None:
         """Raises ValueError, naming the object, when one changed since the
         dataset was made."""
+
+
+@runtime_checkable
+class RemoteField(Protocol):
+    """A numeric field whose rows stay where they lie, read as they are asked
+    for (a store's ``.npy`` object, by ranged reads): indexed by a row, a
+    slice or an array of rows, it gives numpy arrays of ``dtype``, which is
+    already what the device holds (this machine's byte order, 64-bit
+    narrowed as `as_device_dtype` would). It is neither mapped nor in memory,
+    so the kernel's read-ahead and a file's checks pass it by; ``url`` names
+    where it lies (its `Origin` checks it)."""
+
+    url: str
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    nbytes: int
+
+    def __len__(self) -> int: ...
+
+    def __getitem__(self, index: Any) -> np.ndarray: ...
 
 
 class ArrayDataset(Mapping[str, np.ndarray]):
@@ -283,7 +303,9 @@ def _field(dataset: str, key: object, value: object) -> np.ndarray | BytesField:
             f"{where}: the name {MASK_KEY!r} is reserved for the row mask jaxfeed adds to "
             "padded batches; rename the field (e.g. 'attention_mask')"
         )
-    if isinstance(value, BytesField):
+    if isinstance(value, BytesField) or (
+        isinstance(value, RemoteField) and not isinstance(value, np.ndarray)
+    ):
         return value
     if isinstance(value, RaggedField):
         return _ragged_field(value, where)
@@ -419,11 +441,16 @@ def as_device_dtype(
       ValueError: an integer that would not fit (JAX would wrap it silently);
         the message starts with ``where`` and ends with ``fix``.
     """
-    if array.dtype.kind not in "iufc" or array.dtype.itemsize < 8:
-        return array
+    return narrowed(array, device_dtype(array.dtype), where, fix)
+
+
+def device_dtype(dtype: np.dtype) -> np.dtype:
+    """The dtype JAX holds ``dtype`` as on a device (`as_device_dtype`)."""
+    if dtype.kind not in "iufc" or dtype.itemsize < 8:
+        return dtype
     import jax  # only for 64-bit fields: JAX's own rule reads its x64 flag
 
-    return narrowed(array, np.dtype(jax.dtypes.canonicalize_dtype(array.dtype)), where, fix)
+    return np.dtype(jax.dtypes.canonicalize_dtype(dtype))
 
 
 def narrowed(

@@ -76,6 +76,9 @@ class Listed(tuple):
     def __new__(cls, size: int, identity: str | None) -> Listed:
         return super().__new__(cls, (size, identity))
 
+    def __getnewargs__(self) -> tuple[int, str | None]:  # pickled into a worker
+        return tuple(self)
+
     @property
     def size(self) -> int:
         return self[0]

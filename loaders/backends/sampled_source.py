@@ -13,7 +13,7 @@ from collections.abc import Iterator, Mapping, Sequence
 import numpy as np
 from jaxfeed.loaders._io.on_disk_fields import OnDiskFields, check_unchanged, file_identities
 from jaxfeed.loaders._workers.record_pool import RecordPool, RowReader
-from jaxfeed.loaders.array_dataset import ArrayDataset
+from jaxfeed.loaders.array_dataset import ArrayDataset, RemoteField
 from jaxfeed.loaders.bytes_field import BytesField
 from jaxfeed.loaders.checks import check_workers
 from jaxfeed.loaders.protocol import MASK_KEY, ArraySpec, Batch
@@ -200,7 +200,7 @@ class SampledSource(abc.ABC):
                 mapped.extend(array.content())
                 if array.places is not None:  # read in place from the user's files
                     in_files[name] = array.data
-            else:
+            elif not isinstance(array, RemoteField):  # a store's: its origin checks it
                 mapped.append(array)
                 in_files[name] = array
         nbytes = sum(array.nbytes for array in fields.values())

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 from jaxfeed.loaders.array_dataset import ArrayDataset
-from jaxfeed.loaders.data import formats, remote
+from jaxfeed.loaders.data import formats, ranged_npy, remote
 from jaxfeed.loaders.data import named as mnist_datasets
 from jaxfeed.loaders.data.encoded import digits_png
 from jaxfeed.loaders.data.on_disk import load_npy_directory, npy_directory
@@ -147,12 +147,17 @@ def _load_url(
     read as the same files on local disk would be, named by the URL."""
     if url.startswith("file://"):  # local files: read where they are
         return load_dataset(url.removeprefix("file://"), split, format=format)
-    local, objects = remote.fetch(url, storage_options)
+    objects = remote.listed_objects(url, storage_options)
+    name = f"{objects.url.rstrip('/')}/{split}"
+    fields = None if format is not None else ranged_npy.npy_fields(objects, split, SPLITS)
+    if fields is not None:  # rows read in place, by ranged reads: docs/storage.md
+        return ArrayDataset(name, fields, origin=objects)
+    local = remote.fetched(objects)
     try:
         data = load_dataset(str(local), split, format=format)
     except (ValueError, FileNotFoundError) as error:  # name the URL, not the cache's links
         raise type(error)(str(error).replace(str(local), objects.url.rstrip("/"))) from None
-    data.name, data.origin = f"{objects.url.rstrip('/')}/{split}", objects
+    data.name, data.origin = name, objects
     return data
 
 

@@ -27,7 +27,17 @@ from jaxfeed.loaders._io.retry import with_retries
 from jaxfeed.loaders.data.cache import cache_root, writable_dir
 from jaxfeed.loaders.data.object_cache import ObjectCache, entry_key
 
-__all__ = ["CACHE_BYTES_ENV", "RETRY_ENV", "RemoteObjects", "fetch", "is_url", "public_url"]
+__all__ = [
+    "CACHE_BYTES_ENV",
+    "RETRY_ENV",
+    "RemoteObjects",
+    "cache_bytes",
+    "fetch",
+    "fetched",
+    "is_url",
+    "listed_objects",
+    "public_url",
+]
 
 CACHE_BYTES_ENV = "JAXFEED_CACHE_BYTES"
 DEFAULT_CACHE_BYTES = 4 << 30
@@ -65,8 +75,14 @@ def fetch(url: str, storage_options: Mapping[str, Any] | None) -> tuple[Path, Re
       OSError: a transient failure past the retry budget, naming the URL,
         the byte range and the last error.
     """
-    options = dict(storage_options or {})
-    objects = RemoteObjects(url, options)
+    objects = listed_objects(url, storage_options)
+    return fetched(objects), objects
+
+
+def listed_objects(url: str, storage_options: Mapping[str, Any] | None) -> RemoteObjects:
+    """The objects at ``url``, listed (`RemoteObjects.made_from`) and each with
+    a version; raises as `fetch` does for a missing, empty or unversioned URL."""
+    objects = RemoteObjects(url, dict(storage_options or {}))
     listed = objects.listing()
     if not listed:
         raise FileNotFoundError(
@@ -80,8 +96,14 @@ def fetch(url: str, storage_options: Mapping[str, Any] | None) -> tuple[Path, Re
             "so jaxfeed could not tell a changed object from the one it cached; serve them "
             "from a store that does"
         )
+    return objects
+
+
+def fetched(objects: RemoteObjects) -> Path:
+    """`fetch`'s local path for objects already listed."""
+    listed = objects.made_from
     keys = {k: entry_key(objects.object_url(k), *v) for k, v in listed.items()}
-    cache = ObjectCache(writable_dir(cache_root() / "objects"), _cache_bytes())
+    cache = ObjectCache(writable_dir(cache_root() / "objects"), cache_bytes())
     keep = set(keys.values())
 
     def one(relative: str) -> Path:
@@ -93,7 +115,7 @@ def fetch(url: str, storage_options: Mapping[str, Any] | None) -> tuple[Path, Re
     with concurrent.futures.ThreadPoolExecutor(FETCH_THREADS, "jaxfeed-fetch") as pool:
         entries = dict(zip(listed, pool.map(one, listed), strict=True))
     view = _view(objects.url, entries)
-    return view / (Path(objects.path).name if "" in entries else ""), objects
+    return view / (Path(objects.path).name if "" in entries else "")
 
 
 def _view(url: str, entries: Mapping[str, Path]) -> Path:
@@ -127,13 +149,20 @@ class RemoteObjects:
         self._budget_s = _retry_seconds()
         self._fs, self.path = self._call(lambda: door.open_store(url, storage_options), url)
         self.made_from: dict[str, door.Listed] = {}
+        # What a worker opens the store with: its credentials come from the
+        # store's standard chain there (the environment), never from a pickle.
+        self._public_options = _without_secrets(storage_options)
+        self._reader: Any = None  # a worker's own store, opened at its first `read`
 
     def __getstate__(self) -> dict:
         # Never into a worker or a file: the store holds the credentials.
-        return {**self.__dict__, "_fs": None, "_secrets": ()}
+        return {**self.__dict__, "_fs": None, "_secrets": (), "_reader": None}
 
     def object_url(self, relative: str) -> str:
         return f"{self.url.rstrip('/')}/{relative}" if relative else self.url
+
+    def _object_path(self, relative: str) -> str:
+        return f"{self.path.rstrip('/')}/{relative}" if relative else self.path
 
     def listing(self) -> dict[str, door.Listed]:
         """Every object under the URL with its size and version, now."""
@@ -142,14 +171,27 @@ class RemoteObjects:
             self.made_from = dict(listed)
         return listed
 
+    def read(self, relative: str, start: int, end: int) -> bytes:
+        """Bytes ``[start, end)`` of one object, in one ranged read, retried and
+        never short; in a worker, through a store it opens itself."""
+        fs = self._fs
+        if fs is None:
+            if self._reader is None:
+                self._secrets = _secrets(self._public_options)
+                opened = self._call(
+                    lambda: door.open_store(self.url, self._public_options), self.url
+                )
+                self._reader = opened[0]
+            fs = self._reader
+        read = functools.partial(door.read_range, fs, self._object_path(relative), start, end)
+        return self._retried(read, f"{self.object_url(relative)} bytes {start}-{end - 1}")
+
     def download(self, relative: str, listed: door.Listed, file: BinaryIO) -> None:
         """One object into ``file``, in ranged reads, each retried and checked."""
-        path = f"{self.path.rstrip('/')}/{relative}" if relative else self.path
+        path = self._object_path(relative)
         where = self.object_url(relative)
         for start in range(0, listed.size, BLOCK_BYTES):
-            end = min(start + BLOCK_BYTES, listed.size)
-            read = functools.partial(door.read_range, self._fs, path, start, end)
-            file.write(self._retried(read, f"{where} bytes {start}-{end - 1}"))
+            file.write(self.read(relative, start, min(start + BLOCK_BYTES, listed.size)))
         now = self._retried(lambda: door.list_objects(self._fs, path), where)
         if now.get("", listed) != listed:
             raise ValueError(
@@ -218,6 +260,19 @@ def _denied(what: str, error: BaseException) -> str:
     )
 
 
+def _without_secrets(options: Mapping[str, Any]) -> dict[str, Any]:
+    """``options`` without the values of keys that look like secrets (`_secrets`)."""
+    return {
+        key: _without_secrets(value) if isinstance(value, Mapping) else value
+        for key, value in options.items()
+        if isinstance(value, Mapping) or not _secret_key(key)
+    }
+
+
+def _secret_key(key: str) -> bool:
+    return any(word in key.lower() for word in ("secret", "token", "password", "key", "auth"))
+
+
 def _secrets(options: Mapping[str, Any]) -> tuple[str, ...]:
     """Strings that must never appear in a message: credentials passed in
     ``storage_options`` and those in the environment."""
@@ -227,14 +282,13 @@ def _secrets(options: Mapping[str, Any]) -> tuple[str, ...]:
         for key, value in stack.pop().items():
             if isinstance(value, Mapping):
                 stack.append(value)
-            elif isinstance(value, str) and any(
-                word in key.lower() for word in ("secret", "token", "password", "key", "auth")
-            ):
+            elif isinstance(value, str) and _secret_key(key):
                 found.append(value)
     return tuple(s for s in found if len(s) >= 4)
 
 
-def _cache_bytes() -> int:
+def cache_bytes() -> int:
+    """`CACHE_BYTES_ENV`, the bound of what jaxfeed caches of a store."""
     value = os.environ.get(CACHE_BYTES_ENV, "")
     try:
         return int(float(value)) if value else DEFAULT_CACHE_BYTES

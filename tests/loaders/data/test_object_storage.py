@@ -232,10 +232,19 @@ def test_errors_are_named_and_hold_no_secret(store, capfd):
     )
 
 
-def test_a_dataset_past_the_cache_bound_is_refused(store):
+def test_a_dataset_past_the_cache_bound_is_refused(store, tmp_path):
     store["s3"].put_object(Bucket=BUCKET, Key="big/train/x.npy", Body=_npy(np.zeros(400)))
     with store["env"].context() as env:
+        env.setenv("JAXFEED_CACHE_DIR", str(tmp_path))  # empty: nothing cached by other tests
         env.setenv("JAXFEED_CACHE_BYTES", "1000")
+        # Shards are fetched whole; .npy fields too when asked (else read in
+        # place: tests/loaders/data/test_remote_ranges.py).
+        with pytest.raises(ValueError, match=r"more than its bound of 1,000 bytes.*JAXFEED_CACHE"):
+            jaxfeed.load_dataset(f"s3://{BUCKET}/pq/", storage_options=_opts(store))
+        env.setenv("JAXFEED_READ", "ranges")
+        with pytest.raises(ValueError, match=r"JAXFEED_READ=ranges: .*pq/ is not a directory of"):
+            jaxfeed.load_dataset(f"s3://{BUCKET}/pq/", storage_options=_opts(store))
+        env.setenv("JAXFEED_READ", "whole")
         with pytest.raises(ValueError, match=r"more than its bound of 1,000 bytes.*JAXFEED_CACHE"):
             jaxfeed.load_dataset(f"s3://{BUCKET}/big/", storage_options=_opts(store))
 
