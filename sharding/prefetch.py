@@ -33,8 +33,8 @@ from jaxfeed.sharding.mesh import batch_sharding
 from jaxfeed.sharding.placement import (
     check_global_batch_divides_mesh,
     check_process,
-    naming_the_field,
     place_batch,
+    place_local,
 )
 
 _OPEN_FEEDS: weakref.WeakSet = weakref.WeakSet()
@@ -254,9 +254,8 @@ class DeviceFeed:
         if fields:  # host fields skip placement and stay this process's numpy arrays
             host = [{k: b[k] for k in fields} for b in group]
             group = [{k: v for k, v in b.items() if k not in fields} for b in group]
-        if jax.process_count() == 1:  # one device_put for the group
-            with naming_the_field(group):
-                placed = jax.device_put(group, self._transfer_sharding)
+        if jax.process_count() == 1:
+            placed = place_local(group, self._transfer_sharding)
         else:
             placed = [place_batch(b, self._transfer_sharding) for b in group]
         if fields:
