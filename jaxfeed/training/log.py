@@ -6,7 +6,8 @@ output it stays silent. So off a terminal (or whenever ``Logging.every`` is
 given) `fit` prints a line every ``every`` steps, by default about every
 10% of an epoch and at least every 30 s, plus one per record (an epoch's end,
 or an evaluation of ``eval_every``). The running means need the step's sums
-on the host: one device sync per line, never per step.
+on the host: one device sync per line, never per step, made once the next
+step is dispatched (so the device is not left idle while the loop waits).
 """
 
 from __future__ import annotations

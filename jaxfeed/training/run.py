@@ -96,6 +96,7 @@ class TrainingRun:
         self.interrupts = Interrupts()
         self.stop_signal: int | None = None  # what stopped the run, once decided
         self.checked_step = 0  # the last step whose sums were found finite
+        self.line: tuple | None = None  # a progress line due, until `write_line` writes it
         # Whether the source was asked for its data state at the run's first
         # batch: a checkpoint needs it, so a refusal is said then, not at the first save.
         self.state_asked = checkpointer is None or not isinstance(train, Resumable)
@@ -144,6 +145,7 @@ class TrainingRun:
         finally:
             if feed is not None:
                 feed.close()  # also when a loader error or Ctrl-C ends training early
+            self.write_line()  # one due before a stop or an error
         return state
 
     def end_epoch(self, state: Any, totals: Sums) -> Sums:
@@ -286,6 +288,7 @@ class TrainingRun:
                 state, totals = self.steps.train(state, totals, batch)
                 if serialize:
                     jax.block_until_ready(totals)
+                self.write_line()  # the previous step's: waited for while this one runs
                 n = next(iter(batch.values())).shape[0] if self.k > 1 else 1  # [k', B, ...]
                 self.next_batch += n
                 self.step += n
@@ -304,8 +307,10 @@ class TrainingRun:
             for callback in self.callbacks:
                 callback.on_step(info)
         if self.log.due(self.next_batch, num_batches):
-            values = self.running(totals)
-            self.log.step(self.epoch + 1, self.next_batch, num_batches, self.step, values)
+            # Written once the next step is dispatched: its sums waited for
+            # here, the device would idle while the next batch is read.
+            where = (self.epoch + 1, self.next_batch, num_batches, self.step)
+            self.line = (where, totals, self.extras())
         due = self.eval_due
         if due is not None and any(due(s) for s in range(self.step - n + 1, self.step + 1)):
             record = self.make_record(state, totals)
@@ -313,8 +318,15 @@ class TrainingRun:
             totals = self.steps.zeros
         return totals
 
+    def write_line(self) -> None:
+        """Writes the progress line `after_steps` made due, if any (a device sync)."""
+        if self.line is not None:
+            (where, totals, extras), self.line = self.line, None
+            self.log.step(*where, self.running(totals, extras))
+
     def make_record(self, state: Any, totals: Sums) -> dict:
         """A record of the steps since the last one, evaluated, kept in the history."""
+        self.write_line()  # (a line due at this step comes first)
         jax.block_until_ready(totals)  # steps are dispatched ahead: wait for them
         self.check_finite(totals)
         record = {"epoch": self.epoch + 1, "step": self.step, **self.running(totals)}
@@ -336,8 +348,9 @@ class TrainingRun:
         self.window_started, self.wait, self.counted = time.perf_counter(), 0.0, 0.0
         self.window_from = (self.epoch, self.next_batch)
 
-    def running(self, totals: Sums) -> dict:
-        """This window's means so far, its seconds and speed (a device sync)."""
+    def running(self, totals: Sums, extras: dict | None = None) -> dict:
+        """This window's means so far, its seconds and speed (a device sync),
+        and `extras` (those of now unless given)."""
         sums = to_host(totals)
         seconds = max(time.perf_counter() - self.window_started, 1e-9)
         return {
@@ -345,10 +358,14 @@ class TrainingRun:
             "seconds": seconds,
             "samples_per_second": (sums["count"] - self.counted) / seconds,
             "data_wait_fraction": self.wait / seconds,
-            # Said only where batches come in several shapes (bucketed sequences).
-            **({"batch_shapes": len(self.shapes)} if len(self.shapes) > 1 else {}),
-            **self.mixture_shares(),
+            **(self.extras() if extras is None else extras),
         }
+
+    def extras(self) -> dict:
+        """The batch shapes, said only where batches come in several
+        (bucketed sequences), and a `Mixture`'s shares."""
+        shapes = {"batch_shapes": len(self.shapes)} if len(self.shapes) > 1 else {}
+        return shapes | self.mixture_shares()
 
     def mixture_shares(self) -> dict[str, float]:
         """A `Mixture`'s realized share of each component in this window's

@@ -158,6 +158,28 @@ def test_every_feed_mode_gives_the_batches_of_a_plain_loop(options):
             np.testing.assert_array_equal(a[key], b[key])
 
 
+@pytest.mark.parametrize("devices", [1, 8])
+def test_on_cpu_a_feed_places_numpy_batches_without_device_puts_python(monkeypatch, devices):
+    # jax.device_put's Python costs several times a jitted identity's dispatch
+    # a batch, which Keras also avoids on CPU (sharding.placement.place_local).
+    source = _source(batch_size=16, split="test", shuffle=False)
+    sharding = batch_sharding(data_mesh(jax.devices()[:devices]))
+    expected = [jax.device_put(b, sharding) for b in source.iter_epoch(0)]
+
+    def refused(*args, **kwargs):
+        raise AssertionError("jax.device_put was called")
+
+    monkeypatch.setattr(jax, "device_put", refused)
+    with DeviceFeed(source, sharding) as feed:
+        got = list(feed)
+    assert len(got) == len(expected) == source.num_batches
+    for a, b in zip(got, expected, strict=True):
+        assert list(a) == list(b)
+        for key in a:
+            assert a[key].sharding == b[key].sharding and a[key].dtype == b[key].dtype
+            np.testing.assert_array_equal(np.asarray(a[key]), np.asarray(b[key]))
+
+
 @pytest.mark.parametrize("host_buffer", [0, 2])
 def test_k_steps_per_transfer_stack_k_batches_sharded_on_the_batch_axis(host_buffer):
     source = _source(batch_size=96)  # 4,000 rows: 42 batches, 42 = 4 * 10 + 2

@@ -23,6 +23,7 @@ from jaxfeed import (
     fit,
     loaders,
 )
+from jaxfeed.training import loop, run
 
 CLASSES = 10
 
@@ -239,6 +240,37 @@ def test_an_epochs_seconds_include_the_steps_still_running_on_the_device():
     result = fit(busy, state, source, epochs=2, mesh=jax.devices()[:1], log=Logging(progress=False))
     seconds = [m["seconds"] for m in result.history]
     assert min(seconds) > one_step, (seconds, one_step)
+
+
+def test_a_progress_line_waits_for_its_step_only_once_the_next_step_is_dispatched(
+    monkeypatch, capsys
+):
+    # Waiting at once would leave the device idle while the next batch is read.
+    events = []
+    compile_step, to_host = loop.compile_step, run.to_host
+
+    def recorded_compile(*args):
+        train = compile_step(*args)
+        return lambda *a: events.append("step") or train(*a)
+
+    monkeypatch.setattr(loop, "compile_step", recorded_compile)
+    monkeypatch.setattr(run, "to_host", lambda sums: events.append("sync") or to_host(sums))
+    source = loaders.wrap(_loader(192, 0, 32, shuffle=False), keys=("image", "label"))
+    fit(
+        lambda s, b: (s, _label_sums(s, b)),
+        _state(),
+        source,
+        epochs=1,
+        mesh=jax.devices()[:1],
+        log=Logging(progress=False, every=2, records=False),
+    )
+    # Lines after batches 2 and 4 of 6, each read once the next step is on its
+    # way; then the epoch's record (its NaN check, its means).
+    assert events == ["step"] * 3 + ["sync", "step", "step", "sync", "step", "sync", "sync"]
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[3] for line in lines] == ["2/6", "4/6"]
+    expected = np.mean(_cifar_like(192, 0)[1][:64]), np.mean(_cifar_like(192, 0)[1][:128])
+    assert [float(line.split()[8]) for line in lines] == pytest.approx(expected, abs=1e-4)
 
 
 @pytest.mark.parametrize("devices", [1, 8])
