@@ -33,8 +33,7 @@ import numpy as np
 
 import jaxfeed
 from jaxfeed import loaders
-from jaxfeed.compare.runner import medians
-from jaxfeed.compare.workloads.sequences.workload import digest_of, same_batches
+from jaxfeed.compare.workloads.sequences.workload import Pipeline, digest_of, entry, same_batches
 from jaxfeed.loaders.mixture_plan import COMPONENT
 
 TIMED_EPOCHS = 2
@@ -82,25 +81,6 @@ def components(config: MixturesConfig) -> dict[str, dict[str, np.ndarray]]:
     return out
 
 
-@dataclasses.dataclass
-class Pipeline:
-    """One row: a jaxfeed backend's `Mixture`, or a framework's own mixture."""
-
-    backend: str
-    name: str  # "jaxfeed" or the idiom's name
-    description: str
-    open: Callable[[], tuple[Epochs, Callable[[], None]]]  # -> (epochs, close)
-    runs: list[dict[str, Any]] = dataclasses.field(default_factory=list)
-
-    @property
-    def kind(self) -> str:
-        return "jaxfeed" if self.name == "jaxfeed" else "idiom"
-
-    @property
-    def label(self) -> str:
-        return f"{self.backend} {self.name}"
-
-
 def pipelines(
     config: MixturesConfig, parts: Mapping[str, Mapping[str, np.ndarray]]
 ) -> list[Pipeline]:
@@ -118,7 +98,7 @@ def pipelines(
             return source.iter_epoch, source.close
 
         what = f"jaxfeed.make({backend!r}, dataset=Mixture(..., until={names[0]!r}))"
-        out.append(Pipeline(backend, "jaxfeed", what, open_source))
+        out.append(Pipeline(backend, "jaxfeed", "mixture", what, open_source))
         idiom = IDIOMS.get(backend) if config.idioms else None
         if idiom is not None:
             name, description, build = idiom
@@ -126,7 +106,7 @@ def pipelines(
             def open_idiom(build: Any = build) -> tuple:
                 return build(parts, weights, config), _nothing
 
-            out.append(Pipeline(backend, name, description, open_idiom))
+            out.append(Pipeline(backend, name, "mixture", description, open_idiom))
     return out
 
 
@@ -325,18 +305,7 @@ class Mixtures:
         return measure(row, self.names, self.weights, self.config.max_batches, warm_up)
 
     def result(self, rows: list[Pipeline], command: list[str], seconds: float) -> dict[str, Any]:
-        entries = [
-            {
-                "backend": row.backend,
-                "pipeline": row.name,
-                "layout": "mixture",
-                "kind": row.kind,
-                "description": row.description,
-                "runs": row.runs,
-                "median": medians(row.runs),
-            }
-            for row in rows
-        ]
+        entries = [entry(row) for row in rows]
         return {
             "workload": "mixtures",
             "command": command,

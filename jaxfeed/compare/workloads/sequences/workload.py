@@ -232,7 +232,7 @@ class Sequences:
 
     def result(self, rows: list[Pipeline], command: list[str], seconds: float) -> dict[str, Any]:
         lengths = np.array([len(r) for r in self.rows_])
-        entries = [_entry(row) for row in rows]
+        entries = [entry(row) for row in rows]
         return {
             "workload": "sequences",
             "command": command,
@@ -285,7 +285,8 @@ def same_batches(entries: list[dict[str, Any]]) -> dict[str, bool | None]:
     return out
 
 
-def _entry(row: Pipeline) -> dict[str, Any]:
+def entry(row: Pipeline) -> dict[str, Any]:
+    """A row's figures as the result lists them."""
     return {
         "backend": row.backend,
         "pipeline": row.name,
