@@ -10,6 +10,7 @@ Its modules are internal.
 - `cache`: the cache, and what it is trusted with.
 - `remote`: datasets at URLs (``s3://``, ``gs://``, ...), fetched into the cache.
 - `object_cache`: the bounded cache of a store's objects.
+- `ranged_npy`: ``.npy`` objects read in place by ranged reads, through a bounded block cache.
 - `superseded`: copies a newer one of the same source replaces.
 - `formats`: the user's files (TFRecord, ArrayRecord, Parquet, ...).
 """

@@ -290,7 +290,7 @@ class Mixtures:
         if len(config.weights) != len(self.parts):
             raise ValueError(
                 f"{len(self.parts)} components and {len(config.weights)} weights: give "
-                "--weights W1,W2,... with one weight per --dataset"
+                "one weight per dataset (weights=)"
             )
         self.names = list(self.parts)
         self.weights = np.array(config.weights) / sum(config.weights)
