@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import itertools
 import math
 import os
 import platform
@@ -33,7 +32,12 @@ import numpy as np
 
 import jaxfeed
 from jaxfeed import loaders
-from jaxfeed.compare.workloads.sequences.workload import Pipeline, digest_of, entry, same_batches
+from jaxfeed.compare.workloads.sequences.workload import (
+    Pipeline,
+    entry,
+    read,
+    same_batches,
+)
 from jaxfeed.loaders.mixture_plan import COMPONENT
 
 TIMED_EPOCHS = 2
@@ -220,22 +224,6 @@ class Tally:
         self.recent = [*self.recent[-(WINDOW - 1) :], counts]
 
 
-def _read(batches: Iterator[Batch], limit: int | None, tally: Tally | None, digest=None) -> int:
-    n = 0
-    try:
-        for batch in itertools.islice(batches, limit):
-            n += 1
-            if tally is not None:
-                tally.add(batch)
-            if digest is not None:
-                digest_of(batch, digest)
-    finally:
-        close = getattr(batches, "close", None)
-        if close is not None:
-            close()
-    return n
-
-
 def measure(
     row: Pipeline, names: list[str], weights: np.ndarray, limit: int | None, warm_up: bool
 ) -> dict[str, Any]:
@@ -248,13 +236,13 @@ def measure(
         next(first_epoch)
         figures["first_batch_s"] = time.perf_counter() - started
         if warm_up:
-            _read(first_epoch, 0, None)  # closes it, where it can be closed
+            read(first_epoch, 0)  # closes it, where it can be closed
             return figures
         digest = hashlib.sha256() if row.kind == "jaxfeed" else None
-        _read(first_epoch, None if limit is None else limit - 1, None, digest)
+        read(first_epoch, None if limit is None else limit - 1, None, digest)
         tally = Tally(len(names))
         started = time.perf_counter()
-        batches = sum(_read(epochs(e), limit, tally) for e in range(1, 1 + TIMED_EPOCHS))
+        batches = sum(read(epochs(e), limit, tally) for e in range(1, 1 + TIMED_EPOCHS))
         seconds = time.perf_counter() - started
     finally:
         close()

@@ -140,17 +140,22 @@ def digest_of(batch: Batch, into: Any) -> None:
         into.update(value.tobytes())
 
 
-def _read(batches: Iterator[Batch], limit: int | None, tally: Tally, digest: Any = None) -> None:
-    """Reads up to ``limit`` of ``batches`` into ``tally`` (and ``digest``), then closes them."""
+def read(batches: Iterator[Batch], limit: int | None, tally: Any = None, digest: Any = None) -> int:
+    """Reads up to ``limit`` of ``batches`` into ``tally`` (and ``digest``), then
+    closes them (where they can be closed); returns how many it read."""
+    n = 0
     try:
         for batch in itertools.islice(batches, limit):
-            tally.add(batch)
+            n += 1
+            if tally is not None:
+                tally.add(batch)
             if digest is not None:
                 digest_of(batch, digest)
     finally:
         close = getattr(batches, "close", None)
         if close is not None:
             close()
+    return n
 
 
 def measure(row: Pipeline, limit: int | None, warm_up: bool) -> dict[str, Any]:
@@ -171,11 +176,11 @@ def measure(row: Pipeline, limit: int | None, warm_up: bool) -> dict[str, Any]:
             tally.add(first)
             if digest is not None:
                 digest_of(first, digest)
-            _read(first_epoch, None if limit is None else limit - 1, tally, digest)
+            read(first_epoch, None if limit is None else limit - 1, tally, digest)
             before, cpu = tally.tokens, processes.cpu_seconds()
             started = time.perf_counter()
             for epoch in range(1, 1 + TIMED_EPOCHS):
-                _read(epochs(epoch), limit, tally)
+                read(epochs(epoch), limit, tally)
             seconds = time.perf_counter() - started
             cpu = processes.cpu_seconds() - cpu
             memory.sample()
