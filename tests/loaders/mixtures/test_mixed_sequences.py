@@ -12,6 +12,7 @@ from tests.backend_helpers import assert_same_batches
 
 WEB, CODE = 300, 40  # rows; code comes round several times an epoch
 CODE_MARK = 10000
+CODE_CLIP = 30  # code's rows cut to this by its transform
 
 
 def _corpus(rows: int, mark: int, seed: int) -> dict:
@@ -21,9 +22,10 @@ def _corpus(rows: int, mark: int, seed: int) -> dict:
     return {"input_ids": [np.full(n, mark + r + 1, np.uint16) for r, n in enumerate(lengths)]}
 
 
-def shifted(record, rng):
-    """Code's own transform: runs once, before the plan (it may change lengths)."""
-    return {"input_ids": record["input_ids"] + np.uint16(rng.integers(0, 1))}
+def clipped(record, rng):
+    """Code's own transform: runs once, before the plan, and decides the
+    lengths (as a tokenizer's max_length would)."""
+    return {"input_ids": record["input_ids"][:CODE_CLIP]}
 
 
 def _mixture(weights=(0.5, 0.5), **kwargs) -> jaxfeed.Mixture:
@@ -31,7 +33,7 @@ def _mixture(weights=(0.5, 0.5), **kwargs) -> jaxfeed.Mixture:
         {"web": _corpus(WEB, 0, 1), "code": _corpus(CODE, CODE_MARK, 2)},
         weights=dict(zip(("web", "code"), weights, strict=True)),
         until="web",
-        transforms={"code": shifted},
+        transforms={"code": clipped},
         **kwargs,
     )
 
@@ -83,13 +85,15 @@ def test_an_epoch_holds_whole_rows_in_the_mixtures_proportions():
     assert np.array_equal(component[real], (tokens[real] > CODE_MARK).astype(np.int32))
     marks, counts = np.unique(tokens[real], return_counts=True)
     web_lengths = np.array([len(r) for r in _corpus(WEB, 0, 1)["input_ids"]])
-    code_lengths = np.array([len(r) for r in _corpus(CODE, CODE_MARK, 2)["input_ids"]])
+    code_lengths = np.array(
+        [min(len(r), CODE_CLIP) for r in _corpus(CODE, CODE_MARK, 2)["input_ids"]]
+    )
     web = marks <= WEB
     # until="web": every web row exactly once, whole.
     assert np.array_equal(marks[web], np.arange(1, WEB + 1))
     assert np.array_equal(counts[web], web_lengths)
     # Code's rows: as many as web's (weights 0.5/0.5), its passes whole (each
-    # row seen k or k + 1 times), each row whole every time.
+    # row seen k or k + 1 times), each row whole every time, as its transform cut it.
     seen, rest = np.divmod(counts[~web], code_lengths[marks[~web] - CODE_MARK - 1])
     assert not rest.any() and seen.max() - seen.min() <= 1
     assert abs(int(seen.sum()) - WEB) <= 8  # the epoch's rows are rounded to whole batches
