@@ -117,8 +117,10 @@ def test_worker_counts_are_checked(text, capsys):
 
 def test_cpu_and_memory_of_live_workers_are_counted():
     before = processes.cpu_seconds()
-    with processes.PeakMemory() as memory:
-        child = subprocess.Popen([sys.executable, "-c", BUSY_CHILD], stdout=subprocess.PIPE)
+    with (
+        processes.PeakMemory() as memory,
+        subprocess.Popen([sys.executable, "-c", BUSY_CHILD], stdout=subprocess.PIPE) as child,
+    ):
         try:
             assert child.stdout.readline().strip() == b"ready"
             time.sleep(2 * processes.SAMPLE_S)

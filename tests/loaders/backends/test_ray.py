@@ -5,6 +5,7 @@ Each Ray start costs seconds, so the whole module shares one cluster, and the
 quick tier runs none of it.
 """
 
+import contextlib
 import functools
 import hashlib
 import json
@@ -332,23 +333,30 @@ threading.Event().wait()
 """
 
 
-def _start_an_instance() -> subprocess.Popen:
+@contextlib.contextmanager
+def _an_instance():
     """A process that starts a local instance (no ``RAY_ADDRESS``), prints
-    ``ready`` once its first batch is read, and then waits to be stopped."""
+    ``ready`` once its first batch is read, and then waits to be stopped;
+    killed at the end if still running, its pipe closed."""
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    return subprocess.Popen(
+    child = subprocess.Popen(
         [sys.executable, "-c", _STARTS_AN_INSTANCE],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,
     )
+    with child:  # closes the pipe: left to the collector, it warns in a later test
+        try:
+            yield child
+        finally:
+            if child.poll() is None:
+                child.kill()
 
 
 def test_no_ray_process_outlives_a_sigterm():
     # (Ctrl-C takes the same way out, through exit and atexit; one start is enough.)
-    child = _start_an_instance()
-    try:
+    with _an_instance() as child:
         assert child.stdout.readline() == "ready\n"  # the local instance runs
         started = ray_processes(child.pid)
         assert any("raylet" in " ".join(p.cmdline()) for p in started)
@@ -358,22 +366,18 @@ def test_no_ray_process_outlives_a_sigterm():
 
         _, alive = psutil.wait_procs(started, timeout=TIMEOUT_SECONDS)
         assert alive == []
-    finally:
-        if child.poll() is None:
-            child.kill()
 
 
 def test_no_ray_process_outlives_a_sigkill():
     # Ray ties its GCS and raylet to the driver, but its dashboard and runtime-env
     # agents outlive a killed one (by about a minute): jaxfeed's reaper ends them,
     # and ends itself only after they are gone.
-    child = _start_an_instance()
     import psutil
 
     started = []
-    try:
+    with _an_instance() as child, _killed_at_the_end(started):
         assert child.stdout.readline() == "ready\n"
-        started = ray_processes(child.pid)
+        started += ray_processes(child.pid)
         commands = {p: " ".join(p.cmdline()) for p in started}
         agents = [p for p, line in commands.items() if "Agent" in line]
         reapers = [p for p, line in commands.items() if "ray_reaper" in line]
@@ -391,10 +395,16 @@ def test_no_ray_process_outlives_a_sigkill():
         assert [commands[p] for p in watched if _running(p)] == []
         _, alive = psutil.wait_procs(workers, timeout=TIMEOUT_SECONDS)  # they end themselves
         assert alive == []
+
+
+@contextlib.contextmanager
+def _killed_at_the_end(processes: list):
+    """Kills what is still running of ``processes`` (a list filled later) at
+    the end: nothing left behind by a failed run either."""
+    try:
+        yield
     finally:
-        if child.poll() is None:
-            child.kill()
-        for process in started:  # nothing left behind by a failed run either
+        for process in processes:
             if _running(process):
                 process.kill()
 

@@ -68,17 +68,17 @@ sys.stdin.read()
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", ["numpy", "torch"])
 def test_a_run_killed_outright_leaves_no_worker_and_no_batch_directory(backend):
-    run = subprocess.Popen(
+    with subprocess.Popen(
         [sys.executable, "-c", _RUN, backend, str(TESTS)],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
-    )
-    try:
-        said = json.loads(run.stdout.readline())  # the workers are up and a batch was read
-    finally:
-        run.send_signal(signal.SIGKILL)
-        run.wait(timeout=60)
+    ) as run:
+        try:
+            said = json.loads(run.stdout.readline())  # the workers are up and a batch was read
+        finally:
+            run.send_signal(signal.SIGKILL)
+            run.wait(timeout=60)
     workers = said["children"]
     assert len(workers) >= 2, said
     if backend == "numpy":  # one pair for both loaders, and multiprocessing's resource tracker
@@ -115,17 +115,17 @@ def test_a_worker_still_starting_when_its_parent_is_killed_ends_too(tmp_path):
     # Under load a worker may still be importing when its parent is killed;
     # it must not take its new parent (init) for the one whose death it awaits.
     go = tmp_path / "parent-killed"
-    run = subprocess.Popen(
+    with subprocess.Popen(
         [sys.executable, "-c", _LATE, str(go), str(TESTS)],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
-    )
-    try:
-        child = int(run.stdout.readline())
-    finally:
-        run.send_signal(signal.SIGKILL)
-        run.wait(timeout=60)
+    ) as run:
+        try:
+            child = int(run.stdout.readline())
+        finally:
+            run.send_signal(signal.SIGKILL)
+            run.wait(timeout=60)
     go.touch()  # the child finishes starting only now, its parent gone
     deadline = time.monotonic() + 60
     while process_alive(child) and time.monotonic() < deadline:
@@ -192,21 +192,21 @@ def _killed_grain_run(whole_group: bool) -> dict:
     """A Grain run with 2 workers, SIGKILLed (with its workers and resource
     tracker when ``whole_group``, as a container's end kills them all) once a
     batch was read; what it said. Returns when every process it started is gone."""
-    run = subprocess.Popen(
+    with subprocess.Popen(
         [sys.executable, "-c", _GRAIN_RUN, str(TESTS)],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
         start_new_session=True,
-    )
-    try:
-        said = json.loads(run.stdout.readline())
-    finally:
-        if whole_group:
-            os.killpg(run.pid, signal.SIGKILL)
-        else:
-            run.send_signal(signal.SIGKILL)
-        run.wait(timeout=60)
+    ) as run:
+        try:
+            said = json.loads(run.stdout.readline())
+        finally:
+            if whole_group:
+                os.killpg(run.pid, signal.SIGKILL)
+            else:
+                run.send_signal(signal.SIGKILL)
+            run.wait(timeout=60)
     assert len(said["children"]) >= 3 and said["tag"], said  # 2 workers and the tracker
     assert said["segments"], said  # the workers' segments carry the run's tag
     deadline = time.monotonic() + 60
@@ -275,18 +275,18 @@ sys.stdin.read()
 def test_a_killed_tf_run_leaves_no_autograph_file(tmp_path):
     from jaxfeed.loaders._doors.tf import AUTOGRAPH_PREFIX
 
-    run = subprocess.Popen(
+    with subprocess.Popen(
         [sys.executable, "-c", _TF_RUN, str(TESTS)],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
         env={**os.environ, "TMPDIR": str(tmp_path)},
-    )
-    try:
-        made = json.loads(run.stdout.readline())
-    finally:
-        run.send_signal(signal.SIGKILL)
-        run.wait(timeout=60)
+    ) as run:
+        try:
+            made = json.loads(run.stdout.readline())
+        finally:
+            run.send_signal(signal.SIGKILL)
+            run.wait(timeout=60)
     assert made, "autograph wrote no file: nothing was tested"
     # In a directory the run owned, not loose in $TMPDIR...
     assert all(Path(path).parent.name.startswith(AUTOGRAPH_PREFIX) for path in made), made
