@@ -118,6 +118,9 @@ def open_store(url: str, storage_options: Mapping[str, Any]) -> tuple[Any, str]:
 def list_objects(fs: Any, path: str) -> dict[str, Listed]:
     """Every object at or under ``path``: its path relative to ``path`` ("" for
     ``path`` itself, an object) -> `Listed`. Empty when nothing is there."""
+    # HfFileSystem answers a find from the listings it keeps: a check must see
+    # the store as it is now.
+    fs.invalidate_cache()
     found = fs.find(path, detail=True)
     if not found and fs.isfile(path):
         found = {path: fs.info(path)}
@@ -126,6 +129,10 @@ def list_objects(fs: Any, path: str) -> dict[str, Listed]:
     for key, info in found.items():
         if info.get("type", "file") != "file":
             continue
+        if info.get("size") is None or _identity(info) is None:
+            # fsspec's HTTP lists names only (an index page's links): a HEAD
+            # of each gives its size and ETag.
+            info = fs.info(key)
         relative = "" if key.rstrip("/") == root else key[len(root) :].lstrip("/")
         listed[relative] = Listed(int(info["size"]), _identity(info))
     return listed
@@ -133,8 +140,9 @@ def list_objects(fs: Any, path: str) -> dict[str, Listed]:
 
 def _identity(info: Mapping[str, Any]) -> str | None:
     """An object's version as its store reports it: S3's and HTTP's ETag, a GCS
-    object's generation, a Hub file's blob id or LFS hash."""
-    for name in ("ETag", "etag", "generation", "blob_id", "VersionId"):
+    object's generation (before its etag, which changes with its metadata
+    too), a Hub file's blob id or LFS hash."""
+    for name in ("ETag", "generation", "blob_id", "etag", "VersionId"):
         if info.get(name):
             return str(info[name]).strip('"')
     if isinstance(info.get("lfs"), Mapping) and info["lfs"].get("sha256"):

@@ -57,7 +57,10 @@ def public_url(url: str) -> str:
     """``url`` without what may be a secret: a user and password, a query (a
     presigned URL's signature)."""
     parts = urllib.parse.urlsplit(url)
-    return urllib.parse.urlunsplit((parts.scheme, parts.hostname or "", parts.path, "", ""))
+    host = parts.hostname or ""
+    host = f"[{host}]" if ":" in host else host  # an IPv6 address
+    host += f":{parts.port}" if parts.port is not None else ""  # part of the address
+    return urllib.parse.urlunsplit((parts.scheme, host, parts.path, "", ""))
 
 
 def fetch(url: str, storage_options: Mapping[str, Any] | None) -> tuple[Path, RemoteObjects]:
