@@ -1,7 +1,8 @@
 """fsspec and the stores behind it (s3fs, gcsfs, HTTP, ``huggingface_hub``):
 opening a URL, listing objects with their identity, ranged reads, and which
 errors are worth a retry. Checked against fsspec and s3fs 2025.3.0 and
-2026.9.0, aiobotocore 2.x and 3.x; public APIs only, except the error
+2026.9.0, aiobotocore 2.x and 3.x, gcsfs 2026.8.2 and huggingface_hub 2.4.0
+(against tests/store_servers.py); public APIs only, except the error
 classes read by name below (botocore's, aiohttp's), which live in modules
 jaxfeed does not import.
 """
