@@ -112,7 +112,9 @@ class StoreServer:
             ("gcs list", r"/storage/v1/b/([^/]+)/o", self._gcs_list),
             ("gcs object", r"/storage/v1/b/([^/]+)/o/(.+)", self._gcs_object),
             ("gcs media", r"/download/storage/v1/b/([^/]+)/o/(.+)", self._gcs_media),
-            ("hf repo", r"/api/(\w+)s/([^/]+/[^/]+)(?:/revision/([^/]+))?", self._hf_repo),
+            # (a one-part id too: huggingface_hub 0.x also asks for the repo "org" of
+            # "org/name/path" when "org/name" is missing)
+            ("hf repo", r"/api/(\w+)s/([^/]+(?:/[^/]+)?)(?:/revision/([^/]+))?", self._hf_repo),
             ("hf tree", r"/api/(\w+)s/([^/]+/[^/]+)/tree/([^/]+)(?:/(.*))?", self._hf_tree),
             ("hf paths-info", r"/api/(\w+)s/([^/]+/[^/]+)/paths-info/([^/]+)", self._hf_paths),
             ("hf resolve", r"/(\w+)s/([^/]+/[^/]+)/resolve/([^/]+)/(.+)", self._hf_resolve),
@@ -214,7 +216,7 @@ class StoreServer:
         _reply(handler, 404, json.dumps({"error": code}).encode(), "application/json", headers)
 
     def _hf_repo_dir(self, handler, kind: str, repo: str, revision: str) -> Path | None:
-        path = self._file(repo)
+        path = self._file(repo) if "/" in repo else None  # served repos are org/name
         if path is None or not path.is_dir():
             self._hf_missing(handler, "RepoNotFound")
             return None

@@ -268,12 +268,23 @@ def _without_secrets(options: Mapping[str, Any]) -> dict[str, Any]:
     return {
         key: _without_secrets(value) if isinstance(value, Mapping) else value
         for key, value in options.items()
-        if isinstance(value, Mapping) or not _secret_key(key)
+        if isinstance(value, Mapping) or not _secret(key, value)
     }
 
 
-def _secret_key(key: str) -> bool:
-    return any(word in key.lower() for word in ("secret", "token", "password", "key", "auth"))
+# What a store's credential option may name instead of holding a credential
+# (gcsfs's `token` modes): kept, so that workers read as the source does.
+_CREDENTIAL_MODES = ("anon", "google_default", "cache", "cloud", "browser")
+
+
+def _secret(key: str, value: Any) -> bool:
+    """Whether ``value`` under ``key`` may be a credential."""
+    words = ("secret", "token", "password", "key", "auth")
+    return (
+        any(word in key.lower() for word in words)
+        and isinstance(value, str)
+        and value not in _CREDENTIAL_MODES
+    )
 
 
 def _secrets(options: Mapping[str, Any]) -> tuple[str, ...]:
@@ -285,7 +296,7 @@ def _secrets(options: Mapping[str, Any]) -> tuple[str, ...]:
         for key, value in stack.pop().items():
             if isinstance(value, Mapping):
                 stack.append(value)
-            elif isinstance(value, str) and _secret_key(key):
+            elif _secret(key, value):
                 found.append(value)
     return tuple(s for s in found if len(s) >= 4)
 

@@ -7,7 +7,6 @@ missing object named. s3:// is tested against moto in test_object_storage.py."""
 
 from __future__ import annotations
 
-import importlib.util
 import io
 import shutil
 
@@ -20,10 +19,6 @@ import jaxfeed
 
 STORES = ["https", "gs", "hf"]
 REPO = "jaxfeed/stores"  # a directory under the server's root: a bucket's prefix, a Hub repo
-_NO_GCSFS = pytest.mark.skipif(
-    importlib.util.find_spec("gcsfs") is None, reason="gcsfs missing: pip install 'jaxfeed[gcs]'"
-)
-STORE_PARAMS = [pytest.param(s, marks=_NO_GCSFS) if s == "gs" else s for s in STORES]
 
 
 @pytest.fixture(scope="module")
@@ -48,22 +43,20 @@ def server(tmp_path_factory):
     with pytest.MonkeyPatch.context() as env, StoreServer(root) as served:
         env.setenv("JAXFEED_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
         env.setenv("JAXFEED_RETRY_SECONDS", "5")
-        if importlib.util.find_spec("gcsfs") is not None:
-            import fsspec
-            import gcsfs.core
+        import fsspec
+        import gcsfs.core
 
-            # gcsfs's default class first asks the endpoint for the bucket's
-            # layout over gRPC, for 60 s, before using the JSON API; its core
-            # class (what that one falls back to) speaks only the JSON API.
-            was = fsspec.get_filesystem_class("gs")
-            for protocol in ("gs", "gcs"):
-                fsspec.register_implementation(protocol, gcsfs.core.GCSFileSystem, clobber=True)
+        # gcsfs's default class first asks the endpoint for the bucket's
+        # layout over gRPC, for 60 s, before using the JSON API; its core
+        # class (what that one falls back to) speaks only the JSON API.
+        was = fsspec.get_filesystem_class("gs")
+        for protocol in ("gs", "gcs"):
+            fsspec.register_implementation(protocol, gcsfs.core.GCSFileSystem, clobber=True)
         try:
             yield {"server": served, "local": local, "root": root / REPO, "env": env}
         finally:
-            if importlib.util.find_spec("gcsfs") is not None:
-                for protocol in ("gs", "gcs"):
-                    fsspec.register_implementation(protocol, was, clobber=True)
+            for protocol in ("gs", "gcs"):
+                fsspec.register_implementation(protocol, was, clobber=True)
 
 
 @pytest.fixture(autouse=True)
@@ -83,7 +76,7 @@ def _at(server, store: str, prefix: str) -> tuple[str, dict]:
 
 
 @pytest.mark.parametrize("prefix", ["npy/", "pq/"])
-@pytest.mark.parametrize("store", STORE_PARAMS)
+@pytest.mark.parametrize("store", STORES)
 def test_each_store_reads_the_local_copys_batches(server, store, prefix):
     """Two epochs of the local copy's batches, and each object's version as
     its store gives it (ETag, GCS generation, Hub blob id) recorded."""
@@ -99,7 +92,7 @@ def test_each_store_reads_the_local_copys_batches(server, store, prefix):
     ), made_from
 
 
-@pytest.mark.parametrize("store", STORE_PARAMS)
+@pytest.mark.parametrize("store", STORES)
 def test_a_single_object_and_the_test_split(server, store):
     url, options = _at(server, store, "pq/train-00000.parquet")
     assert len(jaxfeed.load_dataset(url, storage_options=options)) == 80
@@ -108,7 +101,7 @@ def test_a_single_object_and_the_test_split(server, store):
     assert np.array_equal(test["x"], np.load(server["local"] / "npy" / "test" / "x.npy"))
 
 
-@pytest.mark.parametrize("store", STORE_PARAMS)
+@pytest.mark.parametrize("store", STORES)
 def test_rows_read_in_place_are_the_local_copys(server, store):
     """``JAXFEED_READ=ranges``: each field's rows read by ranged requests."""
     url, options = _at(server, store, "npy/")
@@ -121,15 +114,15 @@ def test_rows_read_in_place_are_the_local_copys(server, store):
 
 
 @pytest.mark.slow  # two worker processes
-@pytest.mark.parametrize("store", ["https", "hf"])
+@pytest.mark.parametrize("store", STORES)
 def test_two_torch_workers_each_open_the_store(server, store):
     """Read in place, each worker opens the store itself from the URL and the
-    storage_options (gs:// is left out: its ``token`` is dropped on the way to
-    a worker, which would then look for credentials off this machine)."""
+    storage_options (gs://'s ``token="anon"`` included: a mode, not a secret)."""
     url, options = _at(server, store, "npy/")
     want = _epochs(jaxfeed.make("numpy", dataset=str(server["local"] / "npy"), batch_size=16))
     with server["env"].context() as env:
         env.setenv("JAXFEED_READ", "ranges")
+        env.setenv("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")  # the workers' gcsfs: JSON API
         source = jaxfeed.make(
             "torch", dataset=url, storage_options=options, batch_size=16, num_workers=2
         )
@@ -139,7 +132,7 @@ def test_two_torch_workers_each_open_the_store(server, store):
             source.close()
 
 
-@pytest.mark.parametrize("store", STORE_PARAMS)
+@pytest.mark.parametrize("store", STORES)
 def test_a_changed_object_is_refused_by_name(server, store):
     path = server["root"] / f"changing-{store}" / "train" / "x.npy"
     path.parent.mkdir(parents=True)
@@ -154,7 +147,7 @@ def test_a_changed_object_is_refused_by_name(server, store):
     assert np.array_equal(again["x"], np.ones(8, np.float32))
 
 
-@pytest.mark.parametrize("store", STORE_PARAMS)
+@pytest.mark.parametrize("store", STORES)
 def test_a_missing_object_or_prefix_is_named(server, store):
     for prefix in ("nothing-here/", "pq/missing.parquet"):
         url, options = _at(server, store, prefix)
