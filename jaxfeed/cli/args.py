@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import json
 import math
 import os
 from pathlib import Path
@@ -35,6 +36,65 @@ def option(text: str) -> tuple[str, Any]:
         return key, ast.literal_eval(value)
     except (ValueError, SyntaxError):
         return key, value  # a bare string such as order=native
+
+
+def storage_option(text: str) -> tuple[str, Any]:
+    """``KEY=VALUE`` for a dataset URL's store: VALUE as JSON (``true``, ``1``,
+    ``{"retries": ...}``), else the string (``endpoint_url=http://...``)."""
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(
+            f"expected KEY=VALUE (e.g. anon=true or endpoint_url=http://127.0.0.1:9000), got "
+            f"{key or text!r}"
+        )
+    try:
+        return key, json.loads(value)
+    except ValueError:
+        return key, value
+
+
+def add_storage_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--storage-option",
+        type=storage_option,
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="for a --dataset URL (s3://, gs://, hf://, https://): an option of its store, as "
+        "fsspec takes it (anon=true, endpoint_url=http://127.0.0.1:9000; a JSON VALUE is read "
+        "as JSON); repeatable (docs/storage.md)",
+    )
+
+
+def storage_options(args: argparse.Namespace) -> dict[str, Any] | None:
+    """``--storage-option``'s dict, None when not given (the store's own chain)."""
+    return dict(args.storage_option) or None
+
+
+def public_command(argv: list[str]) -> list[str]:
+    """``argv`` as a record may hold it: each ``--storage-option`` that holds a
+    key looking like a secret has its value blanked (as the library blanks
+    ``storage_options``)."""
+    out = list(argv)
+    for i, arg in enumerate(out):
+        flag, sep, given = arg.partition("=")
+        if flag == "--storage-option" and sep:  # --storage-option=KEY=VALUE
+            out[i] = f"{flag}={_public_option(given)}"
+        elif arg == "--storage-option" and i + 1 < len(out):
+            out[i + 1] = _public_option(out[i + 1])
+    return out
+
+
+def _public_option(text: str) -> str:
+    from jaxfeed.loaders.data.remote import without_secrets
+
+    try:
+        key, value = storage_option(text)
+    except argparse.ArgumentTypeError:
+        return text
+    given, raw = {key: value}, {key: text.partition("=")[2]}  # (a number may be a secret too)
+    public = without_secrets(given) == given and without_secrets(raw) == raw
+    return text if public else f"{key}=***"
 
 
 def positive(text: str) -> int:
@@ -221,6 +281,7 @@ FLAGS = {
     "Checkpointing(accept_changed_data=True)": "--resume-changed-data",
     "to='parquet'": "--to parquet",
     "overwrite=True": "--overwrite",
+    "storage_options=": "--storage-option",
 }
 
 

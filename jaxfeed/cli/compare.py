@@ -13,13 +13,16 @@ from jaxfeed.cli.args import (
     DATASET_HELP,
     DEVICES_HELP,
     Datasets,
+    add_storage_option,
     check_writable,
     loader_list,
     non_negative,
     pick_devices,
     positive,
+    public_command,
     seed,
     set_devices,
+    storage_options,
     subcommand,
     weights,
     worker_counts,
@@ -86,6 +89,7 @@ def add_compare(commands: argparse._SubParsersAction) -> None:
         help="--workload mixtures: one weight per --dataset; None: 0.7,0.3",
     )
     compare.add_argument("--data-dir", default=None, help=DATA_DIR_HELP)
+    add_storage_option(compare)
     compare.add_argument("--batch-size", type=positive, default=128, help="per-process batch")
     compare.add_argument("--seed", type=seed, default=0, help="shuffle and init seed")
     compare.add_argument("--repeats", type=positive, default=3, help="timed repeats (medians)")
@@ -154,6 +158,11 @@ def run_compare(args: argparse.Namespace, command: list[str]) -> int:
                 f"--workload {args.workload}; give one --dataset"
             )
         args.dataset = datasets[0]
+    if args.storage_option and args.workload != "copy":
+        raise ValueError(
+            f"--storage-option is for the copy workload's --dataset URL, not --workload "
+            f"{args.workload}; leave it out"
+        )
     chosen = {
         "copy": _copy_workload,
         "decode": _decode_workload,
@@ -162,7 +171,7 @@ def run_compare(args: argparse.Namespace, command: list[str]) -> int:
     }[args.workload]
     workload, config, report = chosen(args, tuple(dict.fromkeys(names)))
     mesh = data_mesh(pick_devices(jax.devices(), args.devices))
-    result = run(workload(config, mesh), command)
+    result = run(workload(config, mesh), public_command(command))
     print(report.format_report(result))
     if args.json is not None:
         args.json.write_text(json.dumps(result, indent=2, default=str) + "\n")
@@ -184,6 +193,7 @@ def _copy_workload(args: argparse.Namespace, names: tuple[str, ...]) -> tuple[ty
         backends=names,
         dataset=args.dataset,
         data_dir=args.data_dir,
+        storage_options=storage_options(args),
         batch_size=args.batch_size,
         seed=args.seed,
         repeats=args.repeats,
@@ -214,6 +224,7 @@ def _decode_workload(args: argparse.Namespace, names: tuple[str, ...]) -> tuple[
         backends=names,
         workers=args.workers or (0, 1, 2),
         data_dir=args.data_dir,
+        storage_options=storage_options(args),
         batch_size=args.batch_size,
         seed=args.seed,
         repeats=args.repeats,

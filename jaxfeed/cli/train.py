@@ -16,6 +16,7 @@ from jaxfeed.cli.args import (
     DATASET_HELP,
     DEVICES_HELP,
     Datasets,
+    add_storage_option,
     check_directory,
     check_writable,
     in_flags,
@@ -26,9 +27,11 @@ from jaxfeed.cli.args import (
     option,
     pick_devices,
     positive,
+    public_command,
     seconds,
     seed,
     set_devices,
+    storage_options,
     subcommand,
     weights,
 )
@@ -77,6 +80,7 @@ def add_train(commands: argparse._SubParsersAction) -> None:
         "from where it stood)",
     )
     train.add_argument("--data-dir", default=None, help=DATA_DIR_HELP)
+    add_storage_option(train)
     train.add_argument(
         "--resize",
         action="store_true",
@@ -367,7 +371,7 @@ def _mixture(args: argparse.Namespace) -> Any:
     names = [Path(str(d).rstrip("/")).name or str(d) for d in datasets]
     names = [n if names.count(n) == 1 else f"{n}{i}" for i, n in enumerate(names)]
     transforms = {
-        n: image_transform(d, args.data_dir, args.resize)
+        n: image_transform(d, args.data_dir, args.resize, storage_options(args))
         for n, d in zip(names, datasets, strict=True)
     }
     return jaxfeed.Mixture(
@@ -408,7 +412,10 @@ def run_train(args: argparse.Namespace) -> int:
             seed=args.seed,
             process_index=jax.process_index(),
             process_count=processes,
-            transform=image_transform(args.dataset, args.data_dir, args.resize),
+            storage_options=storage_options(args),
+            transform=image_transform(
+                args.dataset, args.data_dir, args.resize, storage_options(args)
+            ),
             **dict(args.loader_option),
         )
         train_common = common if mixture is None else dict(common, dataset=mixture, transform=None)
@@ -515,7 +522,7 @@ def run_train(args: argparse.Namespace) -> int:
         _save_params(params, args.save_params)
     if args.json is not None:
         record = {
-            "command": sys.argv,
+            "command": public_command(sys.argv),
             "config": dataclasses.asdict(config),
             "loader": args.loader,
             "dataset": dataset,

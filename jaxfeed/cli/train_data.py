@@ -99,7 +99,9 @@ def check_fields_and_classes(dataset: str, sources: dict[str, Any]) -> None:
                 )
 
 
-def image_transform(dataset: Any, data_dir: Any, resize: bool) -> Any:
+def image_transform(
+    dataset: Any, data_dir: Any, resize: bool, storage_options: dict[str, Any] | None = None
+) -> Any:
     """The transform that turns a dataset's encoded ``image`` bytes (an image
     folder, TFRecord shards of Examples, ...) into what the example MLP
     takes, uint8 ``[28, 28, 1]``; None for a dataset of arrays or one that
@@ -114,7 +116,9 @@ def image_transform(dataset: Any, data_dir: Any, resize: bool) -> Any:
 
     if dataset in loaders.DATASETS:  # named: arrays, or with their own transform
         return None
-    data = loaders.load_dataset(dataset, "train", data_dir=data_dir)
+    data = loaders.load_dataset(
+        dataset, "train", data_dir=data_dir, storage_options=storage_options
+    )
     if data.transform is not None or "image" not in data.bytes_fields():
         return None
     if not is_url(dataset):  # (a store's image folder: each image checked as it is read)

@@ -37,6 +37,7 @@ __all__ = [
     "is_url",
     "listed_objects",
     "public_url",
+    "without_secrets",
 ]
 
 CACHE_BYTES_ENV = "JAXFEED_CACHE_BYTES"
@@ -154,7 +155,7 @@ class RemoteObjects:
         self.made_from: dict[str, door.Listed] = {}
         # What a worker opens the store with: its credentials come from the
         # store's standard chain there (the environment), never from a pickle.
-        self._public_options = _without_secrets(storage_options)
+        self._public_options = without_secrets(storage_options)
         self._reader: Any = None  # a worker's own store, opened at its first `read`
 
     def __getstate__(self) -> dict:
@@ -258,15 +259,15 @@ def _denied(what: str, error: BaseException) -> str:
     return (
         f"{what}: access denied ({_text(error)}); check the credentials (the store's standard "
         "chain: AWS_* variables, ~/.aws, an instance role; GOOGLE_APPLICATION_CREDENTIALS; "
-        "HF_TOKEN) or pass them in storage_options=, or storage_options={'anon': True} for "
-        "a public bucket"
+        "HF_TOKEN) or pass them in storage_options=, or anon=True in storage_options= for a "
+        "public bucket"
     )
 
 
-def _without_secrets(options: Mapping[str, Any]) -> dict[str, Any]:
+def without_secrets(options: Mapping[str, Any]) -> dict[str, Any]:
     """``options`` without the values of keys that look like secrets (`_secrets`)."""
     return {
-        key: _without_secrets(value) if isinstance(value, Mapping) else value
+        key: without_secrets(value) if isinstance(value, Mapping) else value
         for key, value in options.items()
         if isinstance(value, Mapping) or not _secret(key, value)
     }

@@ -440,3 +440,78 @@ def test_a_prefix_of_npy_and_parquet_objects_is_refused_naming_the_url(store):
     s3.put_object(Bucket=BUCKET, Key="mixed/train/extra.parquet", Body=b"PAR1")
     with pytest.raises(ValueError, match=rf"s3://{BUCKET}/mixed/train holds <field>\.npy files"):
         jaxfeed.load_dataset(f"s3://{BUCKET}/mixed/", storage_options=_opts(store))
+
+
+def _put_mnist(store, prefix: str) -> None:
+    """512 train and 128 test rows of mnist-sample as ``.npy`` objects under ``prefix``."""
+    sample = {s: jaxfeed.load_dataset("mnist-sample", s) for s in ("train", "test")}
+    for split, rows in (("train", 512), ("test", 128)):
+        for name in ("image", "label"):
+            body = io.BytesIO()
+            np.save(body, sample[split][name][:rows])
+            key = f"{prefix}/{split}/{name}.npy"
+            store["s3"].put_object(Bucket=BUCKET, Key=key, Body=body.getvalue())
+
+
+@pytest.mark.slow  # trains the MLP
+def test_jaxfeed_train_takes_storage_options_and_writes_no_secret(
+    store, tmp_path, capfd, monkeypatch
+):
+    """``--storage-option endpoint_url=...`` reaches the store with no
+    ``AWS_ENDPOINT_URL`` in the environment; a secret passed as a storage
+    option appears in no output and no file of the run (its record, its
+    checkpoints, the command line it records)."""
+    from jaxfeed.cli import main
+
+    _put_mnist(store, "mnist-opts")
+    marker = "SECRET-OPTION-4b1e"
+    run = tmp_path / "run"
+    argv = ["train", "--dataset", f"s3://{BUCKET}/mnist-opts/", "--epochs", "1", "--quiet"]
+    argv += ["--storage-option", f"endpoint_url={store['endpoint']}"]
+    argv += ["--storage-option", "key=testing", f"--storage-option=secret={marker}"]
+    argv += ["--storage-option", 'config_kwargs={"retries": {"total_max_attempts": 1}}']
+    argv += ["--batch-size", "64", "--json", str(run / "run.json")]
+    argv += ["--checkpoint-dir", str(run / "ck")]
+    monkeypatch.setattr(sys, "argv", ["jaxfeed", *argv])  # what the record keeps
+    assert "AWS_ENDPOINT_URL" not in os.environ
+    assert main(argv) == 0
+    said = capfd.readouterr()
+    assert f"dataset=s3://{BUCKET}/mnist-opts/" in said.out and "train=8 batches" in said.out
+    record = json.loads((run / "run.json").read_text())
+    assert record["epochs"][0]["step"] == 8 and "--storage-option=secret=***" in record["command"]
+    files = [p for p in run.rglob("*") if p.is_file()]
+    assert len(files) > 2  # the record and a checkpoint's files
+    for text in [said.out, said.err, *(p.read_bytes().decode("latin-1") for p in files)]:
+        assert marker not in text and SECRET not in text
+
+
+def test_storage_option_flag_errors(store, capsys):
+    from jaxfeed.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["train", "--dataset", f"s3://{BUCKET}/npy/", "--storage-option", "anon"])
+    assert "--storage-option: expected KEY=VALUE" in capsys.readouterr().err
+    argv = ["train", "--epochs", "1", "--quiet", "--storage-option", "anon=true"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("jaxfeed: error: --storage-option is for a dataset URL"), err
+    assert "storage_options" not in err
+    compare = ["compare", "--workload", "sequences", "--storage-option", "anon=true"]
+    assert main(compare) == 2
+    assert "--storage-option is for the copy workload" in capsys.readouterr().err
+
+
+def test_storage_option_values_are_json_or_strings():
+    from jaxfeed.cli.args import public_command, storage_option
+
+    assert storage_option("anon=true") == ("anon", True)
+    assert storage_option("endpoint_url=http://127.0.0.1:9000") == (
+        "endpoint_url",
+        "http://127.0.0.1:9000",
+    )
+    assert storage_option('config_kwargs={"retries": {"total_max_attempts": 1}}')[1] == {
+        "retries": {"total_max_attempts": 1}
+    }
+    assert public_command(
+        ["train", "--storage-option", "secret=s3cr3t", "--storage-option=token=t0k3n", "x=1"]
+    ) == ["train", "--storage-option", "secret=***", "--storage-option=token=***", "x=1"]

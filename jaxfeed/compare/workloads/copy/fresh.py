@@ -49,6 +49,7 @@ def spec(
     dataset: str,
     data_dir: str | None,
     batch_size: int,
+    storage_options: dict[str, Any] | None = None,
     seed: int,
     epochs: int,
     max_batches: int | None,
@@ -64,6 +65,7 @@ def spec(
         framework=framework,
         dataset=dataset,
         data_dir=data_dir,
+        storage_options=storage_options,
         batch_size=batch_size,
         seed=seed,
         epochs=epochs,
@@ -174,8 +176,11 @@ def _run(what: dict[str, Any]) -> dict[str, Any]:
 
     if what["side"] != "jaxfeed":
         keras_fit.import_keras()  # before a framework imports tensorflow
-    common = dict(dataset=what["dataset"], data_dir=what["data_dir"])
-    data = loaders.load_dataset(what["dataset"], "train", data_dir=what["data_dir"])
+    storage = what.get("storage_options")
+    common = dict(dataset=what["dataset"], data_dir=what["data_dir"], storage_options=storage)
+    data = loaders.load_dataset(
+        what["dataset"], "train", data_dir=what["data_dir"], storage_options=storage
+    )
     size, seed, limit = what["batch_size"], what["seed"], what["max_batches"]
     made = baselines.tutorials([what["framework"]], data["image"], data["label"], size, seed)
     loops = [loop for loop in made if loop.name == BARE[what["framework"]]]

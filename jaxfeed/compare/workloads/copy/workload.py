@@ -36,6 +36,7 @@ from jaxfeed.compare.workloads.copy import baselines, wrapped
 from jaxfeed.compare.workloads.copy.report import ratios_and_targets
 from jaxfeed.compare.workloads.copy.rows import Row
 from jaxfeed.loaders.data.cache import CACHE_ENV
+from jaxfeed.loaders.data.remote import without_secrets
 from jaxfeed.loaders.protocol import MASK_KEY
 from jaxfeed.mnist.train import TrainConfig, train
 from jaxfeed.sharding import DeviceFeed
@@ -60,6 +61,7 @@ class CopyConfig:
     backends: tuple[str, ...]
     dataset: str = "mnist-sample"
     data_dir: str | None = None
+    storage_options: dict[str, Any] | None = None  # for a dataset URL's store
     batch_size: int = 128
     seed: int = 0
     repeats: int = 3
@@ -120,10 +122,17 @@ def _first_batch(make: Callable[[], Any]) -> float:
     return seconds
 
 
+def _load(config: CopyConfig, split: str) -> Any:
+    return loaders.load_dataset(
+        config.dataset, split, data_dir=config.data_dir, storage_options=config.storage_options
+    )
+
+
 def _build_rows(config: CopyConfig, mesh: jax.sharding.Mesh, memory: SelfPeak) -> list[Row]:
     common = dict(
         dataset=config.dataset,
         data_dir=config.data_dir,
+        storage_options=config.storage_options,
         batch_size=config.batch_size,
         seed=config.seed,
     )
@@ -152,7 +161,7 @@ def _build_rows(config: CopyConfig, mesh: jax.sharding.Mesh, memory: SelfPeak) -
             loaders.make("numpy", split="test", shuffle=False, **common), 1, config.max_batches
         )
     loops = [(baselines.in_memory(ceiling), ceiling_memory)]
-    data = loaders.load_dataset(config.dataset, "train", data_dir=config.data_dir)
+    data = _load(config, "train")
     for framework in config.backends:
         built: dict[str, float] = {}  # shared by a framework's loops (grain has two)
         with memory.track(built):
@@ -182,6 +191,9 @@ def _build_rows(config: CopyConfig, mesh: jax.sharding.Mesh, memory: SelfPeak) -
         track=memory.track,
         dataset=config.dataset,
         data_dir=config.data_dir,
+        # A fresh process opens the store with its own credentials (the
+        # environment's chain), as a worker does: none pass through argv.
+        storage_options=_public(config.storage_options),
         batch_size=config.batch_size,
         seed=config.seed,
     )
@@ -193,6 +205,12 @@ def _build_rows(config: CopyConfig, mesh: jax.sharding.Mesh, memory: SelfPeak) -
         at = max(i for i, r in enumerate(rows) if row.bare in (r.name, r.bare))
         rows.insert(at + 1, row)
     return rows
+
+
+def _public(storage_options: dict[str, Any] | None) -> dict[str, Any] | None:
+    """``storage_options`` without the values that may be secrets: what may be
+    recorded, or handed to another process."""
+    return None if storage_options is None else without_secrets(storage_options)
 
 
 def _supports(row: Row, metric: str) -> bool:
@@ -224,7 +242,7 @@ class Copy:
         self.config, self.mesh = config, mesh
         self.warmup, self.repeats = config.warmup, config.repeats
         self.memory = SelfPeak()
-        data = loaders.load_dataset(config.dataset, "train", data_dir=config.data_dir)
+        data = _load(config, "train")
         self.examples = len(data)
 
     def rows(self) -> list[Row]:
@@ -280,8 +298,8 @@ class Copy:
         base = {r.name: entry(r) for r in rows if r.kind == "baseline"}
         wrap = {r.name: entry(r) | {"bare": r.bare} for r in rows if r.kind in ("wrap", "keras")}
         ratios, targets = ratios_and_targets(backends, base, wrap)
-        train_data = loaders.load_dataset(config.dataset, "train", data_dir=config.data_dir)
-        test_data = loaders.load_dataset(config.dataset, "test", data_dir=config.data_dir)
+        train_data = _load(config, "train")
+        test_data = _load(config, "test")
         rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
         dataset = {
             "name": train_data.name.rsplit("/", 1)[0],
@@ -292,7 +310,8 @@ class Copy:
         versions = {"loaders": loaders.available(), "jax": jax.__version__, "numpy": np.__version__}
         return {
             "command": command,
-            "config": dataclasses.asdict(config),
+            "config": dataclasses.asdict(config)
+            | {"storage_options": _public(config.storage_options)},
             "dataset": dataset,
             "versions": versions,
             "machine": _machine(self.mesh),
