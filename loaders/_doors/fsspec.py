@@ -17,6 +17,8 @@ __all__ = [
     "INSTALL",
     "Listed",
     "is_transient",
+    "glob_objects",
+    "list_members",
     "list_objects",
     "open_store",
     "read_range",
@@ -136,6 +138,34 @@ def list_objects(fs: Any, path: str) -> dict[str, Listed]:
             info = fs.info(key)
         relative = "" if key.rstrip("/") == root else key[len(root) :].lstrip("/")
         listed[relative] = Listed(int(info["size"]), _identity(info))
+    return listed
+
+
+def glob_objects(fs: Any, root: str, pattern: str) -> list[str]:
+    """The objects matching ``pattern`` (relative to ``root``), relative to
+    ``root``, sorted; empty when none does."""
+    root = root.rstrip("/")
+    fs.invalidate_cache(root)  # the store as it is now, not an earlier listing
+    found = fs.glob(f"{root}/{pattern}", detail=True)
+    return sorted(
+        key[len(root) :].lstrip("/")
+        for key, info in found.items()
+        if info.get("type", "file") == "file"
+    )
+
+
+def list_members(fs: Any, root: str, members: tuple[str, ...]) -> dict[str, Listed]:
+    """`list_objects` for the objects ``members`` (paths relative to ``root``)
+    only: one listing per directory that holds them; a missing one is absent."""
+    root = root.rstrip("/")
+    wanted = {f"{root}/{m}": m for m in members}
+    listed = {}
+    for directory in sorted({path.rpartition("/")[0] for path in wanted}):
+        fs.invalidate_cache(directory)  # (ls answers from its listings cache otherwise)
+        for info in fs.ls(directory, detail=True):
+            name = info["name"].rstrip("/")
+            if name in wanted and info.get("type", "file") == "file":
+                listed[wanted[name]] = Listed(int(info["size"]), _identity(info))
     return listed
 
 

@@ -59,7 +59,7 @@ def load_dataset(
         directory (`jaxfeed.loaders.data.formats`; see docs/data.md). Or
         the URL of any of those: ``s3://``, ``gs://``, ``hf://``, ``https://``
         or ``file://`` (its objects fetched into a bounded cache; see
-        docs/storage.md).
+        docs/storage.md), or a glob or list of object URLs of one store.
       split: ``"train"`` or ``"test"`` (for names and directories).
       data_dir: directory with the MNIST IDX files for ``mnist`` /
         ``mnist-10k``; default ``$JAXFEED_DATA_DIR``, then the cache.
@@ -96,20 +96,22 @@ def load_dataset(
         return ArrayDataset("arrays", name)
     if isinstance(name, os.PathLike):
         name = os.fspath(name)
-    if storage_options is not None and not is_url(name):
+    urls = _urls(name)
+    if storage_options is not None and urls is None:
         raise ValueError(
             f"storage_options= is for a dataset URL (s3://, gs://, hf://, https://), not "
             f"{name if isinstance(name, str) else type(name).__name__!r}; leave it out"
         )
-    if is_url(name):
-        return _load_url(name, split, format, storage_options)
+    if urls is not None:
+        return _load_url(urls, split, format, storage_options)
     files = isinstance(name, list | tuple) and all(isinstance(p, str | os.PathLike) for p in name)
     if files or (format is not None and isinstance(name, str)):
         return formats.load(name, split, SPLITS, format)
     if not isinstance(name, str):
         raise TypeError(
             f"dataset must be a name, a path, an ArrayDataset or a dict of arrays, got "
-            f"{type(name).__name__}; pass one of {list(DATASETS)}, a directory or your arrays"
+            f"{type(name).__name__}; pass one of {list(DATASETS)}, a directory, a list of "
+            "files or of object URLs (['s3://bucket/part-0.parquet', ...]) or your arrays"
         )
     if name in _NAMED:
         return _NAMED[name](split, data_dir)
@@ -140,21 +142,38 @@ def load_dataset(
     )
 
 
+def _urls(name: object) -> str | list[str] | None:
+    """``name`` as a dataset URL, a glob of them or a list of them; None when
+    it is none of these (a list holding a URL is a list of URLs)."""
+    if isinstance(name, str) and is_url(name):
+        return name
+    if isinstance(name, list | tuple) and any(is_url(p) for p in name):
+        return list(name)
+    return None
+
+
 def _load_url(
-    url: str, split: str, format: str | None, storage_options: Mapping[str, Any] | None
+    url: str | list[str],
+    split: str,
+    format: str | None,
+    storage_options: Mapping[str, Any] | None,
 ) -> ArrayDataset:
-    """One split of the dataset at ``url``: its objects fetched into the cache,
-    read as the same files on local disk would be, named by the URL."""
-    if url.startswith("file://"):  # local files: read where they are
+    """One split of the dataset at ``url`` (a URL, a glob or a list of URLs):
+    its objects fetched into the cache, read as the same files on local disk
+    would be (a glob's or list's as that list of files), named by the URL."""
+    if isinstance(url, str) and url.startswith("file://"):  # local files: read where they are
         return load_dataset(url.removeprefix("file://"), split, format=format)
     objects = remote.listed_objects(url, storage_options)
     name = f"{objects.url.rstrip('/')}/{split}"
-    fields = None if format is not None else ranged_npy.npy_fields(objects, split, SPLITS)
-    if fields is not None:  # rows read in place, by ranged reads: docs/storage.md
-        return ArrayDataset(name, fields, origin=objects)
+    members = objects.members
+    if format is None and members is None:
+        fields = ranged_npy.npy_fields(objects, split, SPLITS)
+        if fields is not None:  # rows read in place, by ranged reads: docs/storage.md
+            return ArrayDataset(name, fields, origin=objects)
     local = remote.fetched(objects)
+    target = str(local) if members is None else [str(local / m) for m in members]
     try:
-        data = load_dataset(str(local), split, format=format)
+        data = load_dataset(target, split, format=format)
     except (ValueError, FileNotFoundError) as error:  # name the URL, not the cache's links
         raise type(error)(str(error).replace(str(local), objects.url.rstrip("/"))) from None
     data.name, data.origin = name, objects

@@ -15,10 +15,13 @@ from __future__ import annotations
 
 import concurrent.futures
 import functools
+import glob
 import hashlib
+import itertools
 import os
+import posixpath
 import urllib.parse
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -34,6 +37,7 @@ __all__ = [
     "cache_bytes",
     "fetch",
     "fetched",
+    "is_glob",
     "is_url",
     "listed_objects",
     "public_url",
@@ -83,11 +87,22 @@ def fetch(url: str, storage_options: Mapping[str, Any] | None) -> tuple[Path, Re
     return fetched(objects), objects
 
 
-def listed_objects(url: str, storage_options: Mapping[str, Any] | None) -> RemoteObjects:
-    """The objects at ``url``, listed (`RemoteObjects.made_from`) and each with
-    a version; raises as `fetch` does for a missing, empty or unversioned URL."""
-    objects = RemoteObjects(url, dict(storage_options or {}))
+def listed_objects(
+    url: str | Sequence[str], storage_options: Mapping[str, Any] | None
+) -> RemoteObjects:
+    """The objects at ``url`` (a URL, a glob of object URLs, or a list of
+    them, of one store), listed (`RemoteObjects.made_from`) and each with a
+    version; raises as `fetch` does for a missing, empty or unversioned URL,
+    and ValueError for a list of URLs of several stores."""
+    options = dict(storage_options or {})
+    if isinstance(url, str) and not is_glob(url):
+        objects = RemoteObjects(url, options)
+    else:
+        objects = _of_many(url, options)
     listed = objects.listing()
+    if objects.members is not None and len(listed) < len(objects.members):
+        missing = [objects.object_url(m) for m in objects.members if m not in listed]
+        raise FileNotFoundError(f"{missing[:3]}: not found (a missing object); pass existing ones")
     if not listed:
         raise FileNotFoundError(
             f"{objects.url}: no objects there (an empty or missing prefix); pass the URL of a "
@@ -101,6 +116,60 @@ def listed_objects(url: str, storage_options: Mapping[str, Any] | None) -> Remot
             "from a store that does"
         )
     return objects
+
+
+def is_glob(url: object) -> bool:
+    """Whether ``url`` is a glob of object URLs (``s3://b/p/part-*.parquet``);
+    an HTTP URL never is (its ``?`` starts a query)."""
+    return is_url(url) and door.url_protocol(url) not in ("http", "https") and glob.has_magic(url)
+
+
+def _of_many(urls: str | Sequence[str], options: dict[str, Any]) -> RemoteObjects:
+    """The objects of a glob, or of a list of object URLs of one store, as the
+    members of the directory they share."""
+    given = [urls] if isinstance(urls, str) else list(urls)
+    stores = sorted({_store(u) for u in given})
+    if len(stores) > 1:
+        raise ValueError(
+            f"dataset URLs of several stores ({', '.join(stores)}): a list of URLs is read "
+            "from one store (one bucket); pass one store's objects, or make a Mixture of them"
+        )
+    if len(given) > 1 and any(map(is_glob, given)):
+        raise ValueError(
+            f"a list of dataset URLs holds a glob ({next(filter(is_glob, given))}); pass the "
+            "glob alone, or a list of object URLs"
+        )
+    scheme, paths = given[0].split("://")[0], [u.split("://", 1)[1] for u in given]
+    if is_glob(given[0]):  # its leading directories without a wildcard
+        parts = paths[0].split("/")
+        fixed = list(itertools.takewhile(lambda part: not glob.has_magic(part), parts))
+        parent, pattern = "/".join(fixed), "/".join(parts[len(fixed) :])
+    else:
+        parent = posixpath.commonpath([posixpath.dirname(p) for p in paths])
+    objects = RemoteObjects(f"{scheme}://{parent}/", options)
+    if is_glob(given[0]):
+        objects.members = objects.expand(pattern)
+        if not objects.members:
+            parts = urllib.parse.urlsplit(given[0])  # a glob's ? is no query: keep it
+            shown = public_url(given[0]) + (f"?{parts.query}" if "?" in given[0] else "")
+            raise FileNotFoundError(
+                f"{shown}: the glob matches no object; "
+                "pass a glob of the dataset's objects (s3://bucket/prefix/part-*.parquet)"
+            )
+    else:
+        objects.members = tuple(p[len(parent) :].lstrip("/") for p in paths)
+    return objects
+
+
+def _store(url: str) -> str:
+    """The store of a URL: its scheme and bucket (host)."""
+    if not is_url(url):
+        raise TypeError(
+            f"a list of dataset URLs holds {url!r}, not a URL; pass URLs of one store, or "
+            "local paths"
+        )
+    parts = urllib.parse.urlsplit(url)
+    return f"{parts.scheme}://{parts.hostname or ''}"
 
 
 def fetched(objects: RemoteObjects) -> Path:
@@ -157,6 +226,9 @@ class RemoteObjects:
         # store's standard chain there (the environment), never from a pickle.
         self._public_options = without_secrets(storage_options)
         self._reader: Any = None  # a worker's own store, opened at its first `read`
+        # The objects a list or glob of URLs named, relative to the URL (their
+        # directory); None: every object under it.
+        self.members: tuple[str, ...] | None = None
 
     def __getstate__(self) -> dict:
         # Never into a worker or a file: the store holds the credentials.
@@ -170,10 +242,19 @@ class RemoteObjects:
 
     def listing(self) -> dict[str, door.Listed]:
         """Every object under the URL with its size and version, now."""
-        listed = self._retried(lambda: door.list_objects(self._fs, self.path), self.url)
+        if self.members is None:
+            listing = functools.partial(door.list_objects, self._fs, self.path)
+        else:
+            listing = functools.partial(door.list_members, self._fs, self.path, self.members)
+        listed = self._retried(listing, self.url)
         if not self.made_from:
             self.made_from = dict(listed)
         return listed
+
+    def expand(self, pattern: str) -> tuple[str, ...]:
+        """The objects matching the glob ``pattern`` under the URL, sorted."""
+        found = functools.partial(door.glob_objects, self._fs, self.path, pattern)
+        return tuple(self._retried(found, f"{self.url}{pattern}"))
 
     def read(self, relative: str, start: int, end: int) -> bytes:
         """Bytes ``[start, end)`` of one object, in one ranged read, retried and

@@ -515,3 +515,67 @@ def test_storage_option_values_are_json_or_strings():
     assert public_command(
         ["train", "--storage-option", "secret=s3cr3t", "--storage-option=token=t0k3n", "x=1"]
     ) == ["train", "--storage-option", "secret=***", "--storage-option=token=***", "x=1"]
+
+
+@pytest.fixture(scope="module")
+def parts(store):
+    """Three Parquet objects ``parts/part-{0,1,2}.parquet`` (and ``parts/other.arrow``),
+    and the same files on local disk."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    local = store["local"] / "parts"
+    local.mkdir()
+    rng = np.random.default_rng(1)
+    for i in range(3):
+        table = pa.table({"a": np.arange(40, dtype=np.int32) + 100 * i, "b": rng.normal(size=40)})
+        pq.write_table(table, local / f"part-{i}.parquet", row_group_size=16)
+        store["s3"].upload_file(str(local / f"part-{i}.parquet"), BUCKET, f"parts/part-{i}.parquet")
+    with pa.ipc.new_file(local / "other.arrow", table.schema) as writer:
+        writer.write_table(table)
+    store["s3"].upload_file(str(local / "other.arrow"), BUCKET, "parts/other.arrow")
+    return local
+
+
+def test_a_list_and_a_glob_of_urls_read_the_local_files_batches(store, parts):
+    urls = [f"s3://{BUCKET}/parts/part-{i}.parquet" for i in (0, 1)]
+    local = [str(parts / f"part-{i}.parquet") for i in (0, 1)]
+    want = _epochs(jaxfeed.make("numpy", dataset=local, batch_size=16))
+    listed = jaxfeed.make("numpy", dataset=urls, storage_options=_opts(store), batch_size=16)
+    assert _same(_epochs(listed), want) and len(want) == 10
+    assert listed.dataset.origin.members == ("part-0.parquet", "part-1.parquet")
+    glob = f"s3://{BUCKET}/parts/part-*.parquet"
+    want = _epochs(jaxfeed.make("numpy", dataset=str(parts / "part-*.parquet"), batch_size=16))
+    globbed = jaxfeed.make("numpy", dataset=glob, storage_options=_opts(store), batch_size=16)
+    assert _same(_epochs(globbed), want) and len(want) == 16
+    assert globbed.dataset.name == f"s3://{BUCKET}/parts/train"
+    # Each object keeps its identity check: one changed is refused by name at the next epoch.
+    store["s3"].put_object(Bucket=BUCKET, Key="parts/part-2.parquet", Body=b"changed")
+    try:
+        with pytest.raises(ValueError, match=r"parts/part-2\.parquet changed after the source"):
+            next(globbed.iter_epoch(2))
+        next(listed.iter_epoch(2))  # its objects are unchanged
+    finally:
+        store["s3"].upload_file(str(parts / "part-2.parquet"), BUCKET, "parts/part-2.parquet")
+
+
+def test_lists_and_globs_of_urls_refused_by_name(store, parts, capsys):
+    from jaxfeed.cli import main
+
+    opts = _opts(store)
+    load = lambda dataset: jaxfeed.load_dataset(dataset, storage_options=opts)  # noqa: E731
+    with pytest.raises(FileNotFoundError, match=rf"s3://{BUCKET}/parts/nothing-\*\.parquet: the"):
+        load(f"s3://{BUCKET}/parts/nothing-*.parquet")
+    with pytest.raises(FileNotFoundError, match=r"parts/part-9\.parquet'\]: not found"):
+        load([f"s3://{BUCKET}/parts/part-0.parquet", f"s3://{BUCKET}/parts/part-9.parquet"])
+    with pytest.raises(ValueError, match=r"several stores \(gs://x, s3://jaxfeed-test\)"):
+        load([f"s3://{BUCKET}/parts/part-0.parquet", "gs://x/part-1.parquet"])
+    with pytest.raises(ValueError, match=r"no one known format.*other\.arrow.*part-0\.parquet"):
+        load([f"s3://{BUCKET}/parts/part-0.parquet", f"s3://{BUCKET}/parts/other.arrow"])
+    with pytest.raises(TypeError, match=r"holds '/tmp/x\.parquet', not a URL"):
+        load([f"s3://{BUCKET}/parts/part-0.parquet", "/tmp/x.parquet"])
+    with pytest.raises(TypeError, match=r"dataset must be a name.*a list of files or of object"):
+        jaxfeed.load_dataset([1, 2])
+    argv = ["train", "--dataset", f"s3://{BUCKET}/parts/nothing-*.parquet", "--quiet"]
+    assert main([*argv, "--storage-option", f"endpoint_url={store['endpoint']}"]) == 2
+    assert "parts/nothing-*.parquet: the glob matches no object" in capsys.readouterr().err
