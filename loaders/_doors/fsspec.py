@@ -9,6 +9,7 @@ jaxfeed does not import.
 
 from __future__ import annotations
 
+import contextlib
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -145,7 +146,7 @@ def glob_objects(fs: Any, root: str, pattern: str) -> list[str]:
     """The objects matching ``pattern`` (relative to ``root``), relative to
     ``root``, sorted; empty when none does."""
     root = root.rstrip("/")
-    fs.invalidate_cache(root)  # the store as it is now, not an earlier listing
+    fs.invalidate_cache()  # the store as it is now, not an earlier listing
     found = fs.glob(f"{root}/{pattern}", detail=True)
     return sorted(
         key[len(root) :].lstrip("/")
@@ -156,16 +157,26 @@ def glob_objects(fs: Any, root: str, pattern: str) -> list[str]:
 
 def list_members(fs: Any, root: str, members: tuple[str, ...]) -> dict[str, Listed]:
     """`list_objects` for the objects ``members`` (paths relative to ``root``)
-    only: one listing per directory that holds them; a missing one is absent."""
+    only: one listing per directory that holds them, and a look-up of each
+    one a listing leaves out or names only (HTTP); a missing one is absent."""
     root = root.rstrip("/")
     wanted = {f"{root}/{m}": m for m in members}
-    listed = {}
+    fs.invalidate_cache()  # the store as it is now, not an earlier listing
+    infos = {}
     for directory in sorted({path.rpartition("/")[0] for path in wanted}):
-        fs.invalidate_cache(directory)  # (ls answers from its listings cache otherwise)
-        for info in fs.ls(directory, detail=True):
-            name = info["name"].rstrip("/")
-            if name in wanted and info.get("type", "file") == "file":
-                listed[wanted[name]] = Listed(int(info["size"]), _identity(info))
+        # (no listing there, HTTP without an index page: each is looked up below)
+        with contextlib.suppress(FileNotFoundError):
+            infos |= {i["name"].rstrip("/"): i for i in fs.ls(directory, detail=True)}
+    listed = {}
+    for path, member in wanted.items():
+        info = infos.get(path)
+        if info is None or info.get("size") is None or _identity(info) is None:
+            try:
+                info = fs.info(path)
+            except FileNotFoundError:
+                continue
+        if info.get("type", "file") == "file":
+            listed[member] = Listed(int(info["size"]), _identity(info))
     return listed
 
 
