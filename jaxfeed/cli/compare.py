@@ -224,7 +224,6 @@ def _decode_workload(args: argparse.Namespace, names: tuple[str, ...]) -> tuple[
         backends=names,
         workers=args.workers or (0, 1, 2),
         data_dir=args.data_dir,
-        storage_options=storage_options(args),
         batch_size=args.batch_size,
         seed=args.seed,
         repeats=args.repeats,
