@@ -19,6 +19,8 @@ import threading
 import time
 from collections.abc import Callable
 
+from local_http import LocalHTTPServer
+
 __all__ = ["FAULTS", "FaultyProxy"]
 
 FAULTS = ("truncate", "drop", "500", "503", "429", "slowdown")
@@ -31,7 +33,7 @@ _ERRORS = {  # fault -> (status, S3 error code)
 _HOP = {"connection", "keep-alive", "transfer-encoding", "content-length"}
 
 
-class FaultyProxy:
+class FaultyProxy(LocalHTTPServer):
     """``with FaultyProxy(upstream_port) as proxy:`` serves on ``proxy.url``.
 
     Args:
@@ -59,33 +61,7 @@ class FaultyProxy:
         self._due = False
         self._upstream_port, self._every, self._faults = upstream_port, every, faults
         self._latency_s, self._only = latency_s, only
-        proxy = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"  # keep-alive, as a real store
-
-            def log_message(self, *args: object) -> None:  # quiet
-                pass
-
-            def do_GET(self) -> None:
-                proxy._serve(self)
-
-            do_HEAD = do_PUT = do_POST = do_DELETE = do_GET
-
-        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
-        self._thread = threading.Thread(
-            target=self._server.serve_forever, name="faulty-proxy", daemon=True
-        )
-
-    def __enter__(self) -> FaultyProxy:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join()
+        super().__init__(self._serve, "faulty-proxy")
 
     def _fault(self, has_body: bool, eligible: bool) -> str | None:
         """The fault for this request, by the counter: every ``every``-th

@@ -40,6 +40,8 @@ import threading
 import urllib.parse
 from pathlib import Path
 
+from local_http import LocalHTTPServer
+
 __all__ = ["StoreServer"]
 
 _RANGE = re.compile(r"bytes=(\d*)-(\d*)$")
@@ -47,7 +49,7 @@ _REVISION = "main"
 _COMMIT = "0" * 40
 
 
-class StoreServer:
+class StoreServer(LocalHTTPServer):
     """``with StoreServer(root) as server:`` serves ``root`` on ``server.url``.
 
     ``requests`` counts the requests served by kind (``"gcs list"``,
@@ -59,33 +61,7 @@ class StoreServer:
         self.requests: collections.Counter[str] = collections.Counter()
         self.unhandled: list[str] = []
         self._lock = threading.Lock()
-        server = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"  # keep-alive, as a real store
-
-            def log_message(self, *args: object) -> None:  # quiet
-                pass
-
-            def do_GET(self) -> None:
-                server._serve(self)
-
-            do_HEAD = do_POST = do_GET
-
-        self._server = _Server(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
-        self._thread = threading.Thread(
-            target=self._server.serve_forever, name="store-server", daemon=True
-        )
-
-    def __enter__(self) -> StoreServer:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join()
+        super().__init__(self._serve, "store-server", _Server)
 
     def _serve(self, handler: http.server.BaseHTTPRequestHandler) -> None:
         length = int(handler.headers.get("Content-Length") or 0)
