@@ -8,6 +8,7 @@ missing object named. s3:// is tested against moto in test_object_storage.py."""
 from __future__ import annotations
 
 import io
+import re
 import shutil
 
 import numpy as np
@@ -166,3 +167,41 @@ def _npy(array: np.ndarray) -> bytes:
     out = io.BytesIO()
     np.save(out, array.astype(np.float32))
     return out.getvalue()
+
+
+@pytest.mark.parametrize("store", STORES)
+def test_a_list_and_a_glob_of_urls(server, store):
+    """Parquet objects as a list of URLs and (not https://) as a glob: the
+    local files' batches, a missing member or an empty glob named, and a
+    changed member refused at the next epoch."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    local = server["local"] / f"parts-{store}"
+    local.mkdir()
+    for i in range(3):
+        table = pa.table({"a": np.arange(20, dtype=np.int32) + 100 * i})
+        pq.write_table(table, local / f"part-{i}.parquet", row_group_size=8)
+    shutil.copytree(local, server["root"] / local.name)
+    urls = [_at(server, store, f"{local.name}/part-{i}.parquet")[0] for i in (0, 2)]
+    glob, options = _at(server, store, f"{local.name}/part-*.parquet")
+    files = [str(local / f"part-{i}.parquet") for i in (0, 2)]
+    want = _epochs(jaxfeed.make("numpy", dataset=files, batch_size=8))
+    listed = jaxfeed.make("numpy", dataset=urls, storage_options=options, batch_size=8)
+    assert _same(_epochs(listed), want)
+    missing = [urls[0], urls[0].replace("part-0", "part-9")]
+    with pytest.raises(FileNotFoundError, match=r"part-9\.parquet'\]: not found"):
+        jaxfeed.load_dataset(missing, storage_options=options)
+    if store == "https":  # an HTTP URL is never a glob: its * is read as a name
+        with pytest.raises(FileNotFoundError, match=rf"{re.escape(glob)}: no objects there"):
+            jaxfeed.load_dataset(glob, storage_options=options)
+        return
+    want = _epochs(jaxfeed.make("numpy", dataset=str(local / "part-*.parquet"), batch_size=8))
+    globbed = jaxfeed.make("numpy", dataset=glob, storage_options=options, batch_size=8)
+    assert _same(_epochs(globbed), want)
+    with pytest.raises(FileNotFoundError, match=r"nothing-\*\.parquet: the glob matches no"):
+        jaxfeed.load_dataset(glob.replace("part-*", "nothing-*"), storage_options=options)
+    (server["root"] / local.name / "part-1.parquet").write_bytes(b"changed")
+    with pytest.raises(ValueError, match=r"part-1\.parquet changed after the source"):
+        next(globbed.iter_epoch(2))
+    next(listed.iter_epoch(2))  # its objects are unchanged
