@@ -133,16 +133,24 @@ def test_two_torch_workers_each_open_the_store(server, store):
             source.close()
 
 
+@pytest.mark.parametrize("read", ["whole", "ranges"])
 @pytest.mark.parametrize("store", STORES)
-def test_a_changed_object_is_refused_by_name(server, store):
-    path = server["root"] / f"changing-{store}" / "train" / "x.npy"
+def test_a_changed_object_is_refused_by_name(server, store, read):
+    """Fetched whole or read in place, a changed object is refused at the next
+    epoch's check, and the source made again reads its new bytes."""
+    path = server["root"] / f"changing-{store}-{read}" / "train" / "x.npy"
     path.parent.mkdir(parents=True)
     path.write_bytes(_npy(np.zeros(8)))
-    url, options = _at(server, store, f"changing-{store}/")
-    source = jaxfeed.make("numpy", dataset=url, storage_options=options, batch_size=4)
+    url, options = _at(server, store, f"changing-{store}-{read}/")
+    with server["env"].context() as env:
+        env.setenv("JAXFEED_READ", read)
+        source = jaxfeed.make("numpy", dataset=url, storage_options=options, batch_size=4)
+        assert (type(source.dataset.arrays["x"]).__name__ == "RangedNpy") == (read == "ranges")
     next(source.iter_epoch(0))
     path.write_bytes(_npy(np.ones(8)))  # same size, a new version
-    with pytest.raises(ValueError, match=rf"changing-{store}/train/x\.npy changed after the"):
+    with pytest.raises(
+        ValueError, match=rf"changing-{store}-{read}/train/x\.npy changed after the"
+    ):
         next(source.iter_epoch(1))
     again = jaxfeed.load_dataset(url, storage_options=options)  # made again: the new bytes
     assert np.array_equal(again["x"], np.ones(8, np.float32))
@@ -205,3 +213,22 @@ def test_a_list_and_a_glob_of_urls(server, store):
     with pytest.raises(ValueError, match=r"part-1\.parquet changed after the source"):
         next(globbed.iter_epoch(2))
     next(listed.iter_epoch(2))  # its objects are unchanged
+
+
+@pytest.mark.parametrize("store", STORES)
+def test_a_deleted_object_or_prefix_is_refused_by_name(server, store):
+    """An object gone from the store, then the whole prefix, refused by name
+    at the next epoch's check."""
+    folder = server["root"] / f"going-{store}" / "train"
+    folder.mkdir(parents=True)
+    for name in ("x", "y"):
+        (folder / f"{name}.npy").write_bytes(_npy(np.zeros(8)))
+    url, options = _at(server, store, f"going-{store}/")
+    source = jaxfeed.make("numpy", dataset=url, storage_options=options, batch_size=4)
+    next(source.iter_epoch(0))
+    (folder / "y.npy").unlink()
+    with pytest.raises(ValueError, match=rf"going-{store}/train/y\.npy changed after"):
+        next(source.iter_epoch(1))
+    shutil.rmtree(folder.parent)
+    with pytest.raises(ValueError, match=rf"going-{store}/train/x\.npy changed after"):
+        next(source.iter_epoch(1))
