@@ -8,7 +8,9 @@ tests point each real client at it by its endpoint alone:
 - static, for fsspec's HTTP (``http://HOST/files/<path>``): HEAD and GET of a
   file (``Content-Length``, an ``ETag``, ``Range`` -> 206 + ``Content-Range``),
   and GET of a directory -> an HTML page linking its entries (``name/`` for a
-  directory), which is how fsspec lists a prefix.
+  directory), which is how fsspec lists a prefix; the same under
+  ``/plain/<path>`` without an ETag (``Last-Modified`` only, as Python's
+  ``http.server`` serves), a host that gives no version.
 - GCS's JSON API, for gcsfs with ``endpoint_url=``: ``GET
   /storage/v1/b/<bucket>/o?prefix=&delimiter=`` (a listing, all in one page),
   ``GET /storage/v1/b/<bucket>/o/<object>`` (an object's metadata, with
@@ -84,6 +86,7 @@ class StoreServer(LocalHTTPServer):
     def _routes(self) -> list:
         return [
             ("static", r"/files/(.*)", self._static),
+            ("static, no ETag", r"/plain/(.*)", self._static),
             ("gcs bucket", r"/storage/v1/b/([^/]+)", self._gcs_bucket),
             ("gcs list", r"/storage/v1/b/([^/]+)/o", self._gcs_list),
             ("gcs object", r"/storage/v1/b/([^/]+)/o/(.+)", self._gcs_object),
@@ -114,10 +117,11 @@ class StoreServer(LocalHTTPServer):
 
     def _static(self, handler, relative: str, query: dict, body: bytes) -> None:
         path = self._file(relative)
+        top = handler.path.split("/")[1]  # files, or plain: no ETag
         if path is None:
             _reply(handler, 404, b"not found", "text/plain")
         elif path.is_dir():
-            base = "/files/" + "/".join(p for p in relative.split("/") if p)
+            base = f"/{top}/" + "/".join(p for p in relative.split("/") if p)
             links = [
                 f'<a href="{html.escape(urllib.parse.quote(f"{base}/{p.name}"))}'
                 f'{"/" if p.is_dir() else ""}">{html.escape(p.name)}</a>'
@@ -125,6 +129,8 @@ class StoreServer(LocalHTTPServer):
             ]
             page = "<html><body>" + "<br>".join(links) + "</body></html>"
             _reply(handler, 200, page.encode(), "text/html; charset=utf-8")
+        elif top == "plain":
+            _send_file(handler, path, {"Last-Modified": "Thu, 01 Jan 2026 00:00:00 GMT"})
         else:
             _send_file(handler, path, {"ETag": f'"{_sha1(path.read_bytes())}"'})
 
@@ -259,6 +265,8 @@ class _Server(http.server.ThreadingHTTPServer):
 _METHODS = {
     ("GET", "static"),
     ("HEAD", "static"),
+    ("GET", "static, no ETag"),
+    ("HEAD", "static, no ETag"),
     ("GET", "gcs bucket"),
     ("GET", "gcs list"),
     ("GET", "gcs object"),

@@ -232,3 +232,14 @@ def test_a_deleted_object_or_prefix_is_refused_by_name(server, store):
     shutil.rmtree(folder.parent)
     with pytest.raises(ValueError, match=rf"going-{store}/train/x\.npy changed after"):
         next(source.iter_epoch(1))
+
+
+def test_an_https_host_that_gives_no_etag_is_refused_by_name(server):
+    """Served with ``Last-Modified`` only (as Python's ``http.server`` does),
+    an object has no version jaxfeed could check: refused, naming it."""
+    url = f"{server['server'].url}/plain/{REPO}/npy/"
+    words = (
+        rf"{re.escape(url)}: the store gives no version \(ETag, generation\) for \['test/x\.npy'"
+    )
+    with pytest.raises(ValueError, match=words):
+        jaxfeed.make("numpy", dataset=url)
