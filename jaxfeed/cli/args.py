@@ -92,9 +92,8 @@ def _public_option(text: str) -> str:
         key, value = storage_option(text)
     except argparse.ArgumentTypeError:
         return text
-    given, raw = {key: value}, {key: text.partition("=")[2]}  # (a number may be a secret too)
-    public = without_secrets(given) == given and without_secrets(raw) == raw
-    return text if public else f"{key}=***"
+    given = {key: value}
+    return text if without_secrets(given) == given else f"{key}=***"
 
 
 def positive(text: str) -> int:

@@ -133,10 +133,7 @@ def list_objects(fs: Any, path: str) -> dict[str, Listed]:
     for key, info in found.items():
         if info.get("type", "file") != "file":
             continue
-        if info.get("size") is None or _identity(info) is None:
-            # fsspec's HTTP lists names only (an index page's links): a HEAD
-            # of each gives its size and ETag.
-            info = fs.info(key)
+        info = _complete(fs, key, info)
         relative = "" if key.rstrip("/") == root else key[len(root) :].lstrip("/")
         listed[relative] = Listed(int(info["size"]), _identity(info))
     return listed
@@ -169,15 +166,22 @@ def list_members(fs: Any, root: str, members: tuple[str, ...]) -> dict[str, List
             infos |= {i["name"].rstrip("/"): i for i in fs.ls(directory, detail=True)}
     listed = {}
     for path, member in wanted.items():
-        info = infos.get(path)
-        if info is None or info.get("size") is None or _identity(info) is None:
-            try:
-                info = fs.info(path)
-            except FileNotFoundError:
-                continue
+        try:
+            info = _complete(fs, path, infos.get(path))
+        except FileNotFoundError:
+            continue
         if info.get("type", "file") == "file":
             listed[member] = Listed(int(info["size"]), _identity(info))
     return listed
+
+
+def _complete(fs: Any, path: str, info: Mapping[str, Any] | None) -> Mapping[str, Any]:
+    """``path``'s listing entry ``info`` with its size and version: looked up
+    by itself when not listed, or listed by name only (fsspec's HTTP lists an
+    index page's links: a HEAD of each gives its size and ETag)."""
+    if info is None or info.get("size") is None or _identity(info) is None:
+        return fs.info(path)
+    return info
 
 
 def _identity(info: Mapping[str, Any]) -> str | None:

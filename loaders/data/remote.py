@@ -360,13 +360,10 @@ _CREDENTIAL_MODES = ("anon", "google_default", "cache", "cloud", "browser")
 
 
 def _secret(key: str, value: Any) -> bool:
-    """Whether ``value`` under ``key`` may be a credential."""
+    """Whether ``value`` under ``key`` may be a credential: any value of a key
+    that looks like one (a number too), but a mode such as ``"anon"``."""
     words = ("secret", "token", "password", "key", "auth")
-    return (
-        any(word in key.lower() for word in words)
-        and isinstance(value, str)
-        and value not in _CREDENTIAL_MODES
-    )
+    return any(word in key.lower() for word in words) and value not in _CREDENTIAL_MODES
 
 
 def _secrets(options: Mapping[str, Any]) -> tuple[str, ...]:
@@ -378,7 +375,7 @@ def _secrets(options: Mapping[str, Any]) -> tuple[str, ...]:
         for key, value in stack.pop().items():
             if isinstance(value, Mapping):
                 stack.append(value)
-            elif _secret(key, value):
+            elif isinstance(value, str) and _secret(key, value):
                 found.append(value)
     return tuple(s for s in found if len(s) >= 4)
 

@@ -399,6 +399,17 @@ def test_a_fault_that_never_stops_ends_in_one_named_error_in_bounded_time(store,
     assert kept == [], kept  # no entry, not even a part of one
 
 
+def _put_mnist(store, prefix: str) -> None:
+    """512 train and 128 test rows of mnist-sample as ``.npy`` objects under ``prefix``."""
+    sample = {s: jaxfeed.load_dataset("mnist-sample", s) for s in ("train", "test")}
+    for split, rows in (("train", 512), ("test", 128)):
+        for name in ("image", "label"):
+            body = io.BytesIO()
+            np.save(body, sample[split][name][:rows])
+            key = f"{prefix}/{split}/{name}.npy"
+            store["s3"].put_object(Bucket=BUCKET, Key=key, Body=body.getvalue())
+
+
 @pytest.mark.slow  # trains the MLP
 def test_jaxfeed_train_reads_a_dataset_url(store, tmp_path, capsys):
     """``jaxfeed train --dataset s3://...`` (the endpoint from the store's
@@ -406,13 +417,7 @@ def test_jaxfeed_train_reads_a_dataset_url(store, tmp_path, capsys):
     the URL and holds no secret; then ``jaxfeed compare`` on it, one batch."""
     from jaxfeed.cli import main
 
-    sample = {s: jaxfeed.load_dataset("mnist-sample", s) for s in ("train", "test")}
-    for split, rows in (("train", 512), ("test", 128)):
-        for name in ("image", "label"):
-            body = io.BytesIO()
-            np.save(body, sample[split][name][:rows])
-            key = f"mnist/{split}/{name}.npy"
-            store["s3"].put_object(Bucket=BUCKET, Key=key, Body=body.getvalue())
+    _put_mnist(store, "mnist")
     out = tmp_path / "run.json"
     with store["env"].context() as env:
         env.setenv("AWS_ENDPOINT_URL", store["endpoint"])
@@ -440,17 +445,6 @@ def test_a_prefix_of_npy_and_parquet_objects_is_refused_naming_the_url(store):
     s3.put_object(Bucket=BUCKET, Key="mixed/train/extra.parquet", Body=b"PAR1")
     with pytest.raises(ValueError, match=rf"s3://{BUCKET}/mixed/train holds <field>\.npy files"):
         jaxfeed.load_dataset(f"s3://{BUCKET}/mixed/", storage_options=_opts(store))
-
-
-def _put_mnist(store, prefix: str) -> None:
-    """512 train and 128 test rows of mnist-sample as ``.npy`` objects under ``prefix``."""
-    sample = {s: jaxfeed.load_dataset("mnist-sample", s) for s in ("train", "test")}
-    for split, rows in (("train", 512), ("test", 128)):
-        for name in ("image", "label"):
-            body = io.BytesIO()
-            np.save(body, sample[split][name][:rows])
-            key = f"{prefix}/{split}/{name}.npy"
-            store["s3"].put_object(Bucket=BUCKET, Key=key, Body=body.getvalue())
 
 
 @pytest.mark.slow  # trains the MLP
