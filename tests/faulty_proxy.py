@@ -127,5 +127,6 @@ class FaultyProxy(LocalHTTPServer):
         if length:
             handler.send_header("Content-Length", str(len(body)))
         handler.end_headers()
-        handler.wfile.write(body)
+        if handler.command != "HEAD":  # a reply to HEAD never has a body (RFC 9110 9.3.2)
+            handler.wfile.write(body)
         handler.wfile.flush()
