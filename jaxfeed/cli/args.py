@@ -53,14 +53,14 @@ def storage_option(text: str) -> tuple[str, Any]:
         return key, value
 
 
-def add_storage_option(parser: argparse.ArgumentParser) -> None:
+def add_storage_option(parser: argparse.ArgumentParser, dataset: str = "--dataset") -> None:
     parser.add_argument(
         "--storage-option",
         type=storage_option,
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="for a --dataset URL (s3://, gs://, hf://, https://): an option of its store, as "
+        help=f"for a {dataset} URL (s3://, gs://, hf://, https://): an option of its store, as "
         "fsspec takes it (anon=true, endpoint_url=http://127.0.0.1:9000; a JSON VALUE is read "
         "as JSON); repeatable (docs/storage.md)",
     )

@@ -158,10 +158,10 @@ def run_compare(args: argparse.Namespace, command: list[str]) -> int:
                 f"--workload {args.workload}; give one --dataset"
             )
         args.dataset = datasets[0]
-    if args.storage_option and args.workload != "copy":
+    if args.storage_option and args.workload not in ("copy", "mixtures"):
         raise ValueError(
-            f"--storage-option is for the copy workload's --dataset URL, not --workload "
-            f"{args.workload}; leave it out"
+            f"--storage-option is for a --dataset URL of the copy or mixtures workload, not "
+            f"--workload {args.workload}; leave it out"
         )
     chosen = {
         "copy": _copy_workload,
@@ -294,6 +294,7 @@ def _mixtures_workload(args: argparse.Namespace, names: tuple[str, ...]) -> tupl
         datasets=tuple(datasets),
         weights=tuple(given),
         data_dir=args.data_dir,
+        storage_options=storage_options(args),
         batch_size=args.batch_size,
         seed=args.seed,
         repeats=args.repeats,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from jaxfeed.cli.args import positive, subcommand
+from jaxfeed.cli.args import add_storage_option, positive, storage_options, subcommand
 
 
 def add_convert(commands: argparse._SubParsersAction) -> None:
@@ -15,7 +15,7 @@ def add_convert(commands: argparse._SubParsersAction) -> None:
         "convert",
         help="rewrite a dataset's files as Parquet or ArrayRecord shards or .npy fields",
     )
-    convert.add_argument("source", help="a directory, glob or file jaxfeed reads (see train)")
+    convert.add_argument("source", help="a directory, glob, file or URL jaxfeed reads (see train)")
     convert.add_argument("destination", help="written as DESTINATION/<split>/...")
     convert.add_argument(
         "--to", required=True, choices=("parquet", "arrayrecord", "npy"), help="the format"
@@ -33,6 +33,7 @@ def add_convert(commands: argparse._SubParsersAction) -> None:
         help="replace the earlier conversion DESTINATION holds (only the files it wrote); "
         "a destination holding other files is refused even so",
     )
+    add_storage_option(convert, "SOURCE")
 
 
 def run_convert(args: argparse.Namespace) -> int:
@@ -45,6 +46,7 @@ def run_convert(args: argparse.Namespace) -> int:
         format=args.format,
         rows_per_shard=args.rows_per_shard,
         overwrite=args.overwrite,
+        storage_options=storage_options(args),
         progress=lambda line: print(f"jaxfeed convert: {line}", file=sys.stderr, flush=True),
     )
     print(f"jaxfeed convert: {len(files)} files in {args.destination}")

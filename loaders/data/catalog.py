@@ -16,7 +16,14 @@ from jaxfeed.loaders.data.encoded import digits_png
 from jaxfeed.loaders.data.on_disk import load_npy_directory, npy_directory
 from jaxfeed.loaders.data.remote import is_url
 
-__all__ = ["DATASETS", "SPLITS", "ArrayDataset", "DatasetLike", "load_dataset"]
+__all__ = [
+    "DATASETS",
+    "SPLITS",
+    "ArrayDataset",
+    "DatasetLike",
+    "check_storage_options",
+    "load_dataset",
+]
 
 SPLITS: tuple[str, ...] = ("train", "test")
 _NAMED = {**mnist_datasets.LOADERS, "digits-png": digits_png}
@@ -97,11 +104,7 @@ def load_dataset(
     if isinstance(name, os.PathLike):
         name = os.fspath(name)
     urls = _urls(name)
-    if storage_options is not None and urls is None:
-        raise ValueError(
-            f"storage_options= is for a dataset URL (s3://, gs://, hf://, https://), not "
-            f"{name if isinstance(name, str) else type(name).__name__!r}; leave it out"
-        )
+    check_storage_options(name, storage_options)
     if urls is not None:
         return _load_url(urls, split, format, storage_options)
     files = isinstance(name, list | tuple) and all(isinstance(p, str | os.PathLike) for p in name)
@@ -140,6 +143,19 @@ def load_dataset(
         f"{list(formats.FORMATS)}, a directory of IDX files (e.g. 'idx:/path/to/mnist'), an "
         "ArrayDataset or a dict of arrays"
     )
+
+
+def check_storage_options(name: object, storage_options: Mapping[str, Any] | None) -> None:
+    """Refuses ``storage_options`` for a dataset that is not a URL (nor URLs).
+
+    Raises:
+      ValueError: naming ``storage_options=`` and the dataset.
+    """
+    if storage_options is not None and _urls(name) is None:
+        raise ValueError(
+            f"storage_options= is for a dataset URL (s3://, gs://, hf://, https://), not "
+            f"{name if isinstance(name, str) else type(name).__name__!r}; leave it out"
+        )
 
 
 def _urls(name: object) -> str | list[str] | None:

@@ -41,6 +41,7 @@ __all__ = [
     "is_url",
     "listed_objects",
     "public_url",
+    "shown_url",
     "without_secrets",
 ]
 
@@ -66,6 +67,12 @@ def public_url(url: str) -> str:
     host = f"[{host}]" if ":" in host else host  # an IPv6 address
     host += f":{parts.port}" if parts.port is not None else ""  # part of the address
     return urllib.parse.urlunsplit((parts.scheme, host, parts.path, "", ""))
+
+
+def shown_url(url: str) -> str:
+    """`public_url`, keeping a glob's ``?`` (a wildcard there, not a query)."""
+    query = urllib.parse.urlsplit(url).query
+    return public_url(url) + (f"?{query}" if is_glob(url) and "?" in url else "")
 
 
 def fetch(url: str, storage_options: Mapping[str, Any] | None) -> tuple[Path, RemoteObjects]:
@@ -150,10 +157,8 @@ def _of_many(urls: str | Sequence[str], options: dict[str, Any]) -> RemoteObject
     if is_glob(given[0]):
         objects.members = objects.expand(pattern)
         if not objects.members:
-            parts = urllib.parse.urlsplit(given[0])  # a glob's ? is no query: keep it
-            shown = public_url(given[0]) + (f"?{parts.query}" if "?" in given[0] else "")
             raise FileNotFoundError(
-                f"{shown}: the glob matches no object; "
+                f"{shown_url(given[0])}: the glob matches no object; "
                 "pass a glob of the dataset's objects (s3://bucket/prefix/part-*.parquet)"
             )
     else:

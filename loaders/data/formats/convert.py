@@ -23,8 +23,9 @@ import glob
 import json
 import os
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from jaxfeed.loaders.array_dataset import ArrayDataset
@@ -49,6 +50,7 @@ def convert(
     rows_per_shard: int = 10_000,
     progress: Callable[[str], None] = lambda line: None,
     overwrite: bool = False,
+    storage_options: Mapping[str, Any] | None = None,
 ) -> list[Path]:
     """Writes each split ``source`` holds under ``destination/<split>/``.
 
@@ -56,6 +58,8 @@ def convert(
       overwrite: replace a previous conversion (of another source, format or
         shard size) that ``destination`` holds; files jaxfeed did not write
         are never removed, and refused even so.
+      storage_options: for a ``source`` URL, its store's options, as
+        `load_dataset` takes them.
 
     Returns:
       The files written or found complete, in order.
@@ -67,10 +71,10 @@ def convert(
         shapes: convert to Parquet or ``npy`` instead); no
         split at all; a destination that is, holds or lies inside the source,
         that holds files no conversion wrote, or another conversion without
-        ``overwrite=True``.
+        ``overwrite=True``; ``storage_options`` for a ``source`` that is no URL.
       TypeError: ``overwrite`` is not a bool.
     """
-    from jaxfeed.loaders.data.catalog import SPLITS, load_dataset
+    from jaxfeed.loaders.data.catalog import SPLITS, check_storage_options, load_dataset
     from jaxfeed.loaders.data.on_disk import MissingSplitError
 
     if to not in TARGETS:
@@ -80,13 +84,16 @@ def convert(
         raise ValueError(f"rows_per_shard={rows_per_shard!r}: expected a whole number >= 1")
     rows_per_shard = int(rows_per_shard)  # the manifest is JSON
     overwrite = check_bool("overwrite", overwrite)
+    check_storage_options(os.fspath(source), storage_options)  # before any file is written
     destination = Path(destination).expanduser().absolute()
     key = {"source": _source_key(source), "to": to, "format": format, "rows": rows_per_shard}
     work, previous = _start(destination, key, overwrite)
     written: list[Path] = []
     for split in SPLITS:
         try:
-            data = load_dataset(os.fspath(source), split, format=format).with_fields()
+            data = load_dataset(
+                os.fspath(source), split, format=format, storage_options=storage_options
+            ).with_fields()
         except MissingSplitError:
             continue
         directory = work / split
@@ -96,7 +103,7 @@ def convert(
             data, directory, rows_per_shard, lambda s, sp=split: progress(f"{sp}: {s}")
         )
     if not written:
-        raise ValueError(f"{source} holds no split of {list(SPLITS)} to convert")
+        raise ValueError(f"{key['source']} holds no split of {list(SPLITS)} to convert")
     files = [p.relative_to(work).as_posix() for p in written]
     _write_manifest(work, {**key, "files": files})
     _put_in_place(work, destination, previous)
@@ -104,8 +111,14 @@ def convert(
 
 
 def _source_key(source: str | os.PathLike) -> str:
-    """The source as the manifest names it: its absolute path (a glob's too)."""
-    return os.path.abspath(os.path.expanduser(os.fspath(source).removeprefix("idx:")))
+    """The source as the manifest names it: its absolute path (a glob's too),
+    or its URL without what may be a secret (`remote.shown_url`)."""
+    from jaxfeed.loaders.data import remote
+
+    text = os.fspath(source)
+    if remote.is_url(text) and not text.startswith("file://"):
+        return remote.shown_url(text)
+    return os.path.abspath(os.path.expanduser(text.removeprefix("file://").removeprefix("idx:")))
 
 
 def _source_root(source: str) -> Path | None:

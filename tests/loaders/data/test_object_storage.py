@@ -479,7 +479,7 @@ def test_jaxfeed_train_takes_storage_options_and_writes_no_secret(
         assert marker not in text and SECRET not in text
 
 
-def test_storage_option_flag_errors(store, capsys):
+def test_storage_option_flag_errors(store, tmp_path, capsys):
     from jaxfeed.cli import main
 
     with pytest.raises(SystemExit):
@@ -492,7 +492,74 @@ def test_storage_option_flag_errors(store, capsys):
     assert "storage_options" not in err
     compare = ["compare", "--workload", "sequences", "--storage-option", "anon=true"]
     assert main(compare) == 2
-    assert "--storage-option is for the copy workload" in capsys.readouterr().err
+    said = capsys.readouterr().err
+    assert "--storage-option is for a --dataset URL of the copy or mixtures workload" in said
+    mixtures = ["compare", "--workload", "mixtures", "--storage-option", "anon=true"]
+    assert main(mixtures) == 2
+    err = capsys.readouterr().err
+    assert "--storage-option is for a dataset URL" in err and "not 'mnist-sample'" in err
+    destination = tmp_path / "out"
+    convert = ["convert", str(store["local"] / "pq"), str(destination), "--to", "npy"]
+    assert main([*convert, "--storage-option", "anon=true"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("jaxfeed: error: --storage-option is for a dataset URL"), err
+    assert not destination.exists()  # refused before anything is written
+
+
+def test_jaxfeed_convert_takes_storage_options_and_a_glob_and_writes_no_secret(
+    store, parts, tmp_path, capfd
+):
+    """``jaxfeed convert 's3://.../part-*.parquet' --storage-option endpoint_url=...``
+    with no ``AWS_ENDPOINT_URL``: the local files' conversion, byte for byte,
+    and a secret passed as a storage option in no output and no file written."""
+    from jaxfeed.loaders.data.formats.convert import convert
+
+    from jaxfeed.cli import main
+
+    marker = "SECRET-OPTION-9c2d"
+    glob = f"s3://{BUCKET}/parts/part-*.parquet"
+    argv = ["convert", glob, str(tmp_path / "remote"), "--to", "npy"]
+    argv += ["--storage-option", f"endpoint_url={store['endpoint']}"]
+    argv += ["--storage-option", "key=testing", f"--storage-option=secret={marker}"]
+    assert "AWS_ENDPOINT_URL" not in os.environ
+    assert main(argv) == 0
+    said = capfd.readouterr()
+    convert(str(parts / "part-*.parquet"), tmp_path / "local", "npy")
+    remote, local = (_npy_files(tmp_path / name) for name in ("remote", "local"))
+    assert remote == local and len(remote) == 2  # train/a.npy, train/b.npy
+    manifest = json.loads((tmp_path / "remote" / ".jaxfeed-convert.json").read_text())
+    assert manifest["source"] == glob
+    files = [p for p in (tmp_path / "remote").rglob("*") if p.is_file()]
+    for text in [said.out, said.err, *(p.read_bytes().decode("latin-1") for p in files)]:
+        assert marker not in text and SECRET not in text
+
+
+def _npy_files(directory: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(directory)): p.read_bytes() for p in directory.rglob("*.npy")}
+
+
+def test_jaxfeed_compare_mixtures_takes_storage_options(store, parts, tmp_path, capfd):
+    """``jaxfeed compare --workload mixtures`` of an ``s3://`` prefix and a glob with
+    ``--storage-option endpoint_url=...`` (no ``AWS_ENDPOINT_URL``): the secret
+    passed beside it in no output and not in its ``--json`` record."""
+    from jaxfeed.cli import main
+
+    marker = "SECRET-OPTION-1d7e"
+    argv = ["compare", "--workload", "mixtures", "--loaders", "numpy", "--no-baselines"]
+    argv += ["--dataset", f"s3://{BUCKET}/pq/", "--dataset", f"s3://{BUCKET}/parts/part-*.parquet"]
+    argv += ["--weights", "0.5,0.5", "--max-batches", "1", "--repeats", "1", "--warmup", "0"]
+    argv += ["--storage-option", f"endpoint_url={store['endpoint']}"]
+    argv += ["--storage-option", "key=testing", f"--storage-option=secret={marker}"]
+    argv += ["--json", str(tmp_path / "m.json")]
+    assert "AWS_ENDPOINT_URL" not in os.environ
+    assert main(argv) == 0
+    said = capfd.readouterr()
+    record = (tmp_path / "m.json").read_text()
+    assert {k: v["rows"] for k, v in json.loads(record)["components"].items()} == {
+        "pq": 120,
+        "part-*.parquet": 120,
+    }
+    assert marker not in said.out + said.err + record
 
 
 def test_storage_option_values_are_json_or_strings():
@@ -529,6 +596,22 @@ def parts(store):
         writer.write_table(table)
     store["s3"].upload_file(str(local / "other.arrow"), BUCKET, "parts/other.arrow")
     return local
+
+
+@pytest.mark.slow  # two torch workers
+def test_a_list_and_a_glob_of_urls_in_workers_read_the_local_files_batches(store, parts):
+    urls = [f"s3://{BUCKET}/parts/part-{i}.parquet" for i in (0, 1)]
+    local = [str(parts / f"part-{i}.parquet") for i in (0, 1)]
+    glob = f"s3://{BUCKET}/parts/part-*.parquet"
+    for remote, on_disk in ((urls, local), (glob, str(parts / "part-*.parquet"))):
+        want = _epochs(jaxfeed.make("numpy", dataset=on_disk, batch_size=16))
+        source = jaxfeed.make(
+            "torch", dataset=remote, storage_options=_opts(store), batch_size=16, num_workers=2
+        )
+        try:
+            assert _same(_epochs(source), want) and len(want) in (10, 16), remote
+        finally:
+            source.close()
 
 
 def test_a_list_and_a_glob_of_urls_read_the_local_files_batches(store, parts):

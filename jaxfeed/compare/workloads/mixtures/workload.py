@@ -38,6 +38,7 @@ from jaxfeed.compare.workloads.sequences.workload import (
     read,
     same_batches,
 )
+from jaxfeed.loaders.data.remote import without_secrets
 from jaxfeed.loaders.mixture_plan import COMPONENT
 
 TIMED_EPOCHS = 2
@@ -58,6 +59,7 @@ class MixturesConfig:
     datasets: tuple[str, ...] = ()
     weights: tuple[float, ...] = DEFAULT_WEIGHTS
     data_dir: str | None = None
+    storage_options: dict[str, Any] | None = None  # for the datasets' URLs, one store's
     batch_size: int = 128
     seed: int = 0
     repeats: int = 3
@@ -68,8 +70,9 @@ class MixturesConfig:
 
 def components(config: MixturesConfig) -> dict[str, dict[str, np.ndarray]]:
     """name -> the component's arrays (in memory: every row reads the same)."""
-    if not config.datasets:
-        digits = loaders.load_dataset("mnist-sample", "train").arrays
+    storage = config.storage_options
+    if not config.datasets:  # (storage_options= refused there: it is no URL)
+        digits = loaders.load_dataset("mnist-sample", "train", storage_options=storage).arrays
         low = np.asarray(digits["label"]) < 5
         return {
             "digits 0-4": {k: np.asarray(v)[low] for k, v in digits.items()},
@@ -77,7 +80,9 @@ def components(config: MixturesConfig) -> dict[str, dict[str, np.ndarray]]:
         }
     out = {}
     for i, dataset in enumerate(config.datasets):
-        data = loaders.load_dataset(dataset, "train", data_dir=config.data_dir)
+        data = loaders.load_dataset(
+            dataset, "train", data_dir=config.data_dir, storage_options=storage
+        )
         name = os.path.basename(dataset.rstrip("/")) or dataset
         out[name if name not in out else f"{name} {i + 1}"] = {
             k: np.asarray(v) for k, v in data.arrays.items()
@@ -297,7 +302,8 @@ class Mixtures:
         return {
             "workload": "mixtures",
             "command": command,
-            "config": dataclasses.asdict(self.config),
+            "config": dataclasses.asdict(self.config)
+            | {"storage_options": without_secrets(self.config.storage_options or {}) or None},
             "components": {
                 name: {"rows": len(next(iter(arrays.values()))), "weight": float(w)}
                 for (name, arrays), w in zip(self.parts.items(), self.weights, strict=True)
