@@ -249,9 +249,10 @@ def part_moto(port: int) -> dict:
         for threads in (8, 1):
             began = time.perf_counter()
             with concurrent.futures.ThreadPoolExecutor(threads) as pool:
+                ends = [min(size, s + (8 << 20)) for s in starts]
                 read = sum(
-                    pool.map(lambda s: len(fs.cat_file(key, start=s, end=min(size, s + (8 << 20)))), starts)
-                )  # fmt: skip
+                    map(len, pool.map(lambda s, e: fs.cat_file(key, start=s, end=e), starts, ends))
+                )
             out[f"{threads}_at_once_MB_per_s"] = read / MB / (time.perf_counter() - began)
         small = [(i << 14) % (size - (1 << 14)) for i in range(200)]
         began = time.perf_counter()
@@ -360,10 +361,18 @@ def read_datasets(url: str) -> int:
 def read_ray(url: str) -> int:
     import ray
 
+    data = ray.data.read_parquet(f"{BUCKET}/pq/", filesystem=_pyarrow_fs(url))
+    return sum(len(b["y"]) for b in data.iter_batches(batch_size=256, batch_format="numpy"))
+
+
+@contextlib.contextmanager
+def ray_instance() -> Iterator[None]:
+    """A local Ray instance, started before the time (not a data cost) and shut down."""
+    import ray
+
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
-        data = ray.data.read_parquet(f"{BUCKET}/pq/", filesystem=_pyarrow_fs(url))
-        return sum(len(b["y"]) for b in data.iter_batches(batch_size=256, batch_format="numpy"))
+        yield
     finally:
         ray.shutdown()
 
@@ -412,7 +421,8 @@ def part_peers(port: int, args, root: Path, s3, sizes: dict) -> list[dict]:
     for name, read in peers.items():
         if args.peers and not any(p in name.lower() for p in args.peers):
             continue
-        with Proxy(port, latency / 1e3, args.cap_mb * MB) as proxy:
+        ray = ray_instance() if read is read_ray else contextlib.nullcontext()
+        with ray, Proxy(port, latency / 1e3, args.cap_mb * MB) as proxy:
             began = time.perf_counter()
             count = read(proxy.url)
             seconds = time.perf_counter() - began
@@ -454,7 +464,7 @@ def part_memory(port: int, args, tmp: Path, sizes: dict) -> dict:
         shutil.rmtree(cache)
     mb = sizes["bytes"]["memory"] / MB
     got.update(
-        what="jaxfeed numpy, shuffle='blocks', a .npy split 4x JAXFEED_CACHE_BYTES (auto: in place)",
+        what="jaxfeed numpy, shuffle='blocks', a .npy split 4x JAXFEED_CACHE_BYTES, in place",
         cache_bytes=args.cache_mb << 20,
         data_MB=mb,
         sent_MB=stats["sent"] / MB,
@@ -517,7 +527,7 @@ def part_faults(port: int, args, root: Path, tmp: Path) -> list[dict]:
     cases = [
         ("blocks", {"read": "ranges", "shuffle": "blocks", "batch_size": 256}, {}),
         ("small", {"read": "ranges", "shuffle": True, "batch_size": 64,
-                   "batches": args.small_batches}, small),
+                   "batches": args.fault_batches}, small),
     ]  # fmt: skip
     for prefix, kwargs, env in cases:
         runs = {}
@@ -562,7 +572,8 @@ def markdown(record: dict) -> str:
             f"{r['of_cap']:.0%} of the cap (make {r['make_s']:.1f} s + epoch "
             f"{r['epoch_s']:.1f} s, {r['data_MB']:.0f} MB, {r['sent_MB']:.0f} MB sent, "
             f"{r['requests']} requests, {r['peak_in_flight']} in flight; identical "
-            f"{r['identical']}; load {r['load']}) | >= 80% | {'yes' if r['of_cap'] >= 0.8 else 'no'} |"
+            f"{r['identical']}; load {r['load']}) | >= 80% | "
+            f"{'yes' if r['of_cap'] >= 0.8 else 'no'} |"
         )
     for r in record["permutation"]:
         lines.append(
@@ -590,8 +601,9 @@ def markdown(record: dict) -> str:
             f"no cap | peak RssAnon {m['peak_rss_anon_MiB']:.0f} MiB "
             f"({m['rss_anon_before_make_MiB']:.0f} before make), cache dir peak "
             f"{m['peak_cache_dir_bytes']} bytes, block cache peak "
-            f"{m['block_cache_peak_bytes'] / 2**20:.0f} of {m['block_cache_max_bytes'] / 2**20:.0f} "
-            f"MiB; {m['read_per_byte']:.2f} bytes read per byte, {m['seconds']:.0f} s; load "
+            f"{m['block_cache_peak_bytes'] / 2**20:.1f} of "
+            f"{m['block_cache_max_bytes'] / 2**20:.1f} MiB; {m['read_per_byte']:.2f} bytes read "
+            f"per byte, {m['seconds']:.0f} s; load "
             f"{m['load']} | <= 1.5 GiB, cache within its bound | {'yes' if ok else 'no'} |"
         )
     for r in record["faults"]:
@@ -611,7 +623,8 @@ def main() -> None:
     parser.add_argument("--cap-mb", type=float, default=8.0, help="the proxy's cap, MB/s")
     parser.add_argument("--latencies", default="20,50", help="ms per request")
     parser.add_argument("--small-rows", type=int, default=65536, help="128-byte records")
-    parser.add_argument("--small-batches", type=int, default=40, help="batches of 64 read")
+    parser.add_argument("--small-batches", type=int, default=20, help="batches of 64 read")
+    parser.add_argument("--fault-batches", type=int, default=10, help="the same, with faults")
     parser.add_argument("--small-cache-kb", type=int, default=256, help="JAXFEED_CACHE_BYTES")
     parser.add_argument("--cache-mb", type=int, default=64, help="the memory part's cache")
     parser.add_argument("--every", type=int, default=4, help="one request in N faulted")
@@ -630,6 +643,7 @@ def main() -> None:
     command = "python3 benchmarks/object_storage.py " + " ".join(sys.argv[1:])
     if args.quick:
         args.mb, args.small_rows, args.small_batches, args.cache_mb = 2, 8192, 5, 2
+        args.fault_batches = 2
         args.latencies = args.latencies.split(",")[0]
     args.latencies = [int(x) for x in str(args.latencies).split(",")]
     args.peers = [p for p in args.peers.split(",") if p]
