@@ -641,15 +641,15 @@ def main() -> None:
     parser.add_argument("--serve-proxy", help=argparse.SUPPRESS)
     parser.add_argument("--memory-child", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.quick:  # smaller defaults; flags given still win
+        parser.set_defaults(mb=2, small_rows=8192, small_batches=5, fault_batches=2, cache_mb=2)
+        parser.set_defaults(latencies="20")
+        args = parser.parse_args()
     if args.serve_proxy:
         return serve_proxy(json.loads(args.serve_proxy))
     if args.memory_child:
         return memory_child(json.loads(args.memory_child))
     command = "python3 benchmarks/object_storage.py " + " ".join(sys.argv[1:])
-    if args.quick:
-        args.mb, args.small_rows, args.small_batches, args.cache_mb = 2, 8192, 5, 2
-        args.fault_batches = 2
-        args.latencies = args.latencies.split(",")[0]
     args.latencies = [int(x) for x in str(args.latencies).split(",")]
     args.peers = [p for p in args.peers.split(",") if p]
     parts = args.parts.split(",")

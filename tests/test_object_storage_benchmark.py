@@ -19,7 +19,8 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_object_storage_benchmark_quick(tmp_path: Path) -> None:
     command = [sys.executable, "benchmarks/object_storage.py", "--quick", "--out", str(tmp_path)]
     command += ["--parts", "blocks,permutation,peers,memory,faults", "--peers", "pyarrow"]
-    command += ["--small-batches", "2", "--fault-batches", "1", "--dir", str(tmp_path)]
+    command += ["--small-batches", "1", "--fault-batches", "1", "--every", "8"]
+    command += ["--cache-mb", "1", "--dir", str(tmp_path)]
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     record = json.loads((tmp_path / "object-storage-cpu.json").read_text())
