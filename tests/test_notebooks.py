@@ -272,6 +272,24 @@ def _check_mixtures(out: str, nb: nbformat.NotebookNode) -> None:
     assert abs(share - 0.5) < 0.02, share
 
 
+def _check_object_storage(out: str, nb: nbformat.NotebookNode) -> None:
+    # Every backend, and the in-place read, gives the local copy's batches.
+    digests = re.findall(r"^([\w ]+?) +epoch 1 (\w{12})  from batch 20 (\w{12})$", out, re.M)
+    names = [name for name, _, _ in digests]
+    assert names == ["local disk", "numpy", "torch", "tf", "grain", "hf", "in place"], digests
+    assert len({(whole, resumed) for _, whole, resumed in digests}) == 1, digests
+    assert "read in place: RangedNpy" in out
+    # The cache holds each object once, whole, by its version.
+    cached = re.findall(r"^cached \w+\.\.\./(\S+\.npy) +([\d,]+) bytes$", out, re.M)
+    put = re.findall(r"^jaxfeed-demo/mnist/\w+/(\S+) +([\d,]+) bytes", out, re.M)
+    assert len(put) == 4 and sorted(cached) == sorted(put), (cached, put)
+    # The MLP learns from the bucket; a changed object is refused by name.
+    accuracy = _floats(r"(?m)^epoch \d  loss [\d.]+  test_acc ([\d.]+)$", out)
+    assert len(accuracy) == 3 and accuracy[-1] > 0.85, accuracy
+    assert re.search(r"^refused: s3://jaxfeed-demo/mnist/train/label\.npy changed", out, re.M)
+    assert "moto stopped: True" in out
+
+
 CHECKS: dict[str, Callable[[str, nbformat.NotebookNode], None]] = {
     "01_quickstart": _check_quickstart,
     "02_from_pytorch": _check_from_pytorch,
@@ -282,6 +300,7 @@ CHECKS: dict[str, Callable[[str, nbformat.NotebookNode], None]] = {
     "07_ray": _check_ray,
     "08_text": _check_text,
     "09_mixtures": _check_mixtures,
+    "10_object_storage": _check_object_storage,
 }
 
 
