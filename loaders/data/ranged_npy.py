@@ -20,6 +20,7 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import io
+import itertools
 import math
 import os
 import threading
@@ -109,14 +110,13 @@ class ReadDepth:
     """How many reads to keep in flight: the bandwidth-delay product of what
     the reads measure, over the bytes of a read.
 
-    Each finished read is a sample: its seconds, and the rate at which bytes
-    were delivered (by every read) while it was in flight. Over the last
-    `WINDOW` samples, the delay is the fastest read's seconds (a read that
-    queued behind others is slower, not further away) and the bandwidth the
-    fastest delivery (a batch's last reads, alone, deliver less than the link
-    can); their product over the mean bytes of a read, times `GAIN` so that
-    the depth climbs while more reads deliver more, is the depth, between
-    ``floor`` and ``ceiling``.
+    The delay is the fastest of the last `WINDOW` reads' seconds (a batch's
+    first reads queue behind none: slower ones waited, they were not further
+    away); the bandwidth, the bytes of the last `depth` reads (about one round
+    trip's) over the seconds any read was in flight meanwhile (a moving
+    average: a burst of answers is not the link's pace). Their product over
+    the mean bytes of a read, times `GAIN` so that the depth climbs while more
+    reads deliver more, is the depth, between ``floor`` and ``ceiling``.
     """
 
     WINDOW = 64
@@ -130,26 +130,41 @@ class ReadDepth:
     ):
         self.floor, self.ceiling, self._clock = floor, ceiling, clock
         self.depth = floor
-        self._delivered = 0  # bytes, by every read so far
-        self._samples: collections.deque[tuple[float, float, int]] = collections.deque(
+        self._in_flight, self._busy_s, self._since = 0, 0.0, clock()
+        # Per read: its seconds, its bytes, and the busy seconds when it ended.
+        self._samples: collections.deque[tuple[float, int, float]] = collections.deque(
             maxlen=self.WINDOW
         )
         self._lock = threading.Lock()
 
-    def started(self) -> tuple[float, int]:
+    def _tick(self, change: int) -> float:
+        now = self._clock()
+        self._busy_s += (now - self._since) if self._in_flight else 0.0
+        self._since, self._in_flight = now, self._in_flight + change
+        return now
+
+    def started(self) -> float:
         """What `finished` needs of a read starting now."""
         with self._lock:
-            return self._clock(), self._delivered
+            return self._tick(+1)
 
-    def finished(self, started: tuple[float, int], nbytes: int) -> None:
+    def finished(self, started: float, nbytes: int) -> None:
         """A read begun at `started` delivered ``nbytes``: the depth follows."""
         with self._lock:
-            seconds = max(self._clock() - started[0], 1e-6)
-            self._delivered += nbytes
-            self._samples.append((seconds, (self._delivered - started[1]) / seconds, nbytes))
+            seconds = max(self._tick(-1) - started, 1e-6)
+            self._samples.append((seconds, nbytes, self._busy_s))
+            # The bytes of about one round trip's reads (the last `depth`), over
+            # the busy seconds they took; reads that all ended together: over
+            # the longest of them.
+            recent = list(itertools.islice(reversed(self._samples), self.depth + 1))
+            since = recent[-1][2]
+            later = [s[1] for s in recent if s[2] > since]
+            if later:
+                bandwidth = sum(later) / (self._busy_s - since)
+            else:
+                bandwidth = sum(s[1] for s in recent) / max(s[0] for s in recent)
             delay = min(s[0] for s in self._samples)
-            bandwidth = max(s[1] for s in self._samples)
-            per_read = max(1.0, sum(s[2] for s in self._samples) / len(self._samples))
+            per_read = max(1.0, sum(s[1] for s in self._samples) / len(self._samples))
             wanted = math.ceil(self.GAIN * bandwidth * delay / per_read)
             self.depth = min(self.ceiling, max(self.floor, wanted))
 
