@@ -3,11 +3,14 @@ for: how a split bigger than the cache trains.
 
 Each object's header is parsed from one ranged read of its first bytes
 (numpy's own ``np.lib.format``); its rows are then read a block at a time
-(`BLOCK_BYTES`, whole rows) through `RemoteObjects.read` (retried, never
-short) into a `BlockCache`: the least recently used blocks in memory, at most
-a quarter of ``JAXFEED_CACHE_BYTES`` in each process that reads. A batch's
-rows are grouped by block, so one request serves every row of a block
-(``shuffle="blocks"`` makes those reads large and mostly sequential).
+through `RemoteObjects.read` (retried, never short) into a `BlockCache`: the
+least recently used blocks in memory, at most a quarter of
+``JAXFEED_CACHE_BYTES`` in each process that reads. A batch's rows are grouped
+by block, so one request serves every row of a block: big blocks
+(`BLOCK_BYTES`) where a batch's rows share them (``shuffle="blocks"``), small
+ones (`SMALL_BYTES`) where they are scattered (a full permutation). A batch's
+reads run in a sliding window, as many at once as `ReadDepth` measures the
+link needs, and no more bytes than the cache holds.
 Pickled into a worker, a field travels as its URL, header and an empty cache;
 the worker opens the store itself (`RemoteObjects.read`).
 """
@@ -17,10 +20,13 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import io
+import itertools
+import math
 import os
 import threading
-from collections.abc import Mapping
-from typing import Any
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any, NamedTuple
 
 import numpy as np
 from jaxfeed.loaders._doors.fsspec import Listed
@@ -28,13 +34,23 @@ from jaxfeed.loaders.array_dataset import device_dtype, narrowed
 from jaxfeed.loaders.data.on_disk import RAGGED_PARTS, MissingSplitError
 from jaxfeed.loaders.data.remote import RemoteObjects, cache_bytes
 
-__all__ = ["BLOCK_BYTES", "READ_ENV", "BlockCache", "RangedNpy", "npy_fields"]
+__all__ = [
+    "BLOCK_BYTES",
+    "READ_ENV",
+    "SMALL_BYTES",
+    "BlockCache",
+    "RangedNpy",
+    "ReadDepth",
+    "npy_fields",
+]
 
 READ_ENV = "JAXFEED_READ"
 READS = ("auto", "ranges", "whole")
 BLOCK_BYTES = 8 << 20  # one ranged read: long enough to amortise a request's latency
+SMALL_BYTES = 64 << 10  # a scattered row's read: a big block would be mostly wasted
+SHARED_ROWS = 2  # a batch with fewer rows per big block than this reads small blocks
 HEADER_BYTES = 64 << 10  # read first: every header numpy writes for a field fits
-READ_THREADS = 8  # a batch's missing blocks read at once
+DEPTH_FLOOR, DEPTH_CEILING = 4, 64  # reads in flight, whatever `ReadDepth` measures
 
 
 def npy_fields(objects: RemoteObjects, split: str, splits: tuple[str, ...]) -> dict | None:
@@ -90,6 +106,69 @@ def _split_files(
     return None if parts or not files else files
 
 
+class ReadDepth:
+    """How many reads to keep in flight: the bandwidth-delay product of what
+    the reads measure, over the bytes of a read.
+
+    The delay is the fastest of the last `WINDOW` reads' seconds (a batch's
+    first reads queue behind none: slower ones waited, they were not further
+    away); the bandwidth, the bytes of the last `depth` reads (about one round
+    trip's) over the seconds any read was in flight meanwhile (a moving
+    average: a burst of answers is not the link's pace). Their product over
+    the mean bytes of a read, times `GAIN` so that the depth climbs while more
+    reads deliver more, is the depth, between ``floor`` and ``ceiling``.
+    """
+
+    WINDOW = 64
+    GAIN = 1.25
+
+    def __init__(
+        self,
+        floor: int = DEPTH_FLOOR,
+        ceiling: int = DEPTH_CEILING,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        self.floor, self.ceiling, self._clock = floor, ceiling, clock
+        self.depth = floor
+        self._in_flight, self._busy_s, self._since = 0, 0.0, clock()
+        # Per read: its seconds, its bytes, and the busy seconds when it ended.
+        self._samples: collections.deque[tuple[float, int, float]] = collections.deque(
+            maxlen=self.WINDOW
+        )
+        self._lock = threading.Lock()
+
+    def _tick(self, change: int) -> float:
+        now = self._clock()
+        self._busy_s += (now - self._since) if self._in_flight else 0.0
+        self._since, self._in_flight = now, self._in_flight + change
+        return now
+
+    def started(self) -> float:
+        """What `finished` needs of a read starting now."""
+        with self._lock:
+            return self._tick(+1)
+
+    def finished(self, started: float, nbytes: int) -> None:
+        """A read begun at `started` delivered ``nbytes``: the depth follows."""
+        with self._lock:
+            seconds = max(self._tick(-1) - started, 1e-6)
+            self._samples.append((seconds, nbytes, self._busy_s))
+            # The bytes of about one round trip's reads (the last `depth`), over
+            # the busy seconds they took; reads that all ended together: over
+            # the longest of them.
+            recent = list(itertools.islice(reversed(self._samples), self.depth + 1))
+            since = recent[-1][2]
+            later = [s[1] for s in recent if s[2] > since]
+            if later:
+                bandwidth = sum(later) / (self._busy_s - since)
+            else:
+                bandwidth = sum(s[1] for s in recent) / max(s[0] for s in recent)
+            delay = min(s[0] for s in self._samples)
+            per_read = max(1.0, sum(s[1] for s in self._samples) / len(self._samples))
+            wanted = math.ceil(self.GAIN * bandwidth * delay / per_read)
+            self.depth = min(self.ceiling, max(self.floor, wanted))
+
+
 class BlockCache:
     """Blocks of ranged reads held in memory, at most ``max_bytes`` of them,
     counting those being read; the least recently used go first. Shared by
@@ -99,8 +178,10 @@ class BlockCache:
         self.max_bytes = max_bytes
         self.nbytes = 0  # held and reserved for reads in flight
         self.peak_bytes = 0  # the most it ever held: its bound is tested
+        self.reading = 0  # bytes reserved for reads in flight
+        self.depths: dict[str, ReadDepth] = collections.defaultdict(ReadDepth)  # by block size
         self._blocks: collections.OrderedDict[Any, np.ndarray] = collections.OrderedDict()
-        self._lock = threading.Lock()
+        self._lock = threading.Condition()
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
 
     def __getstate__(self) -> dict:
@@ -117,30 +198,89 @@ class BlockCache:
                 self._blocks.move_to_end(key)
             return block
 
-    def reserve(self, nbytes: int) -> None:
-        """Room for ``nbytes`` about to be read: evicts until they fit."""
+    def reserve(self, nbytes: int, wait: bool = True) -> bool:
+        """Room for ``nbytes`` about to be read, if the reads in flight leave
+        it (waiting for them when ``wait``; one read always may): evicts held
+        blocks until they fit. Whether it was reserved."""
         with self._lock:
+            while self.reading and self.reading + nbytes > self.max_bytes:
+                if not wait:
+                    return False
+                self._lock.wait()
             while self._blocks and self.nbytes + nbytes > self.max_bytes:
                 self.nbytes -= self._blocks.popitem(last=False)[1].nbytes
             self.nbytes += nbytes
+            self.reading += nbytes
             self.peak_bytes = max(self.peak_bytes, self.nbytes)
+            return True
 
     def put(self, key: Any, block: np.ndarray | None, reserved: int) -> None:
         """``block``, read into room `reserve` made (``reserved`` bytes); None:
         the read failed, and its room is given back."""
         with self._lock:
             self.nbytes -= reserved
+            self.reading -= reserved
+            self._lock.notify_all()
             if block is None:
                 return
             if key not in self._blocks and self.nbytes + block.nbytes <= self.max_bytes:
                 self._blocks[key] = block
                 self.nbytes += block.nbytes
 
+    def blocks(self, wanted: Sequence[Block]) -> Iterator[tuple[int, np.ndarray]]:
+        """The ``wanted`` blocks, each with its place in ``wanted``, as they come:
+        the cached ones first, the others read in a sliding window: a new read
+        starts as one finishes, while fewer are in flight than their
+        `ReadDepth` says and the cache has room for their bytes."""
+        missing = []
+        for i, block in enumerate(wanted):
+            found = self.get(block.key)
+            if found is None:
+                missing.append(i)
+            else:
+                yield i, found
+        running: dict[concurrent.futures.Future, int] = {}
+        missing.reverse()  # popped from the end: in block order
+        try:
+            while missing or running:
+                while missing and len(running) < self.depths[wanted[missing[-1]].size].depth:
+                    block = wanted[missing[-1]]
+                    if not self.reserve(block.nbytes, wait=not running):
+                        break
+                    running[self.pool().submit(self._read, block)] = missing.pop()
+                done, _ = concurrent.futures.wait(running, return_when="FIRST_COMPLETED")
+                for future in done:
+                    yield running.pop(future), future.result()
+        finally:
+            for future, i in running.items():
+                if future.cancel():  # never started: its room back
+                    self.put(wanted[i].key, None, wanted[i].nbytes)
+
+    def _read(self, block: Block) -> np.ndarray:
+        depth = self.depths[block.size]
+        started, rows = depth.started(), None
+        try:
+            rows = block.read()
+            depth.finished(started, block.nbytes)
+        finally:
+            self.put(block.key, rows, block.nbytes)
+        return rows
+
     def pool(self) -> concurrent.futures.ThreadPoolExecutor:
         with self._lock:
             if self._pool is None:
-                self._pool = concurrent.futures.ThreadPoolExecutor(READ_THREADS, "jaxfeed-ranges")
+                self._pool = concurrent.futures.ThreadPoolExecutor(DEPTH_CEILING, "jaxfeed-ranges")
             return self._pool
+
+
+class Block(NamedTuple):
+    """One block to read: its cache key, its size's name (``"big"`` or
+    ``"small"``: each has its `ReadDepth`), its bytes and how to read them."""
+
+    key: Any
+    size: str
+    nbytes: int
+    read: Callable[[], np.ndarray]
 
 
 class RangedNpy:
@@ -182,8 +322,12 @@ class RangedNpy:
             )
         self.dtype = device_dtype(stored.newbyteorder("="))
         self.nbytes = rows * self.dtype.itemsize * (self._row_bytes // max(1, stored.itemsize))
-        block_bytes = min(BLOCK_BYTES, max(1, cache.max_bytes // 4))
-        self._block_rows = max(1, block_bytes // max(1, self._row_bytes))
+        # Big blocks: four fit the cache. Small ones: as many as the most reads
+        # in flight fit it, so a scattered batch's reads are not held back by bytes.
+        big = min(BLOCK_BYTES, max(1, cache.max_bytes // 4))
+        small = min(big, SMALL_BYTES, max(1, cache.max_bytes // DEPTH_CEILING))
+        row_bytes = max(1, self._row_bytes)
+        self._block_rows = {"small": max(1, small // row_bytes), "big": max(1, big // row_bytes)}
 
     @property
     def ndim(self) -> int:
@@ -218,40 +362,39 @@ class RangedNpy:
         return narrowed(out, self.dtype, self.url)
 
     def _gather(self, rows: np.ndarray) -> np.ndarray:
-        """``rows``, read a block at a time in block order: a batch's rows of one
-        block come from one read; at most `READ_THREADS` reads at once, and no
-        more at once than the cache's bound holds."""
+        """``rows``, read a block at a time (see the module): a batch's rows of
+        one block come from one read, of big blocks where the rows share them or
+        one is cached, else of small ones."""
         out = np.empty((len(rows), *self.shape[1:]), self._stored)
-        blocks = rows // self._block_rows
-        order = np.argsort(blocks, kind="stable")
-        needed, starts = np.unique(blocks[order], return_index=True)
+        big = rows // self._block_rows["big"]
+        held = np.unique(big)
+        if len(rows) < SHARED_ROWS * len(held):  # scattered: a row's own small block
+            cached = [self._cache.get(self._key("big", b)) is not None for b in held]
+            held = held[np.asarray(cached, bool)]
+        # Each row's block, as a code: its index, and whether it is big.
+        is_big = np.isin(big, held)
+        codes = np.where(is_big, big * 2 + 1, rows // self._block_rows["small"] * 2)
+        order = np.argsort(codes, kind="stable")
+        needed, starts = np.unique(codes[order], return_index=True)
         groups = np.split(order, starts[1:])
-        at_once = max(1, min(READ_THREADS, self._cache.max_bytes // self._block_bytes()))
-        for first in range(0, len(needed), at_once):
-            chunk = needed[first : first + at_once]
-            read = self._cache.pool().map if len(chunk) > 1 else map
-            for block, where in zip(read(self._block, chunk), groups[first:], strict=False):
-                out[where] = block[rows[where] % self._block_rows]
+        wanted = [self._block("big" if c % 2 else "small", int(c) // 2) for c in needed]
+        for i, block in self._cache.blocks(wanted):
+            where = groups[i]
+            out[where] = block[rows[where] - int(needed[i]) // 2 * self._block_rows[wanted[i].size]]
         return out
 
-    def _block_bytes(self) -> int:
-        return self._block_rows * self._row_bytes
+    def _key(self, size: str, index: int) -> tuple:
+        return self._relative, self._block_rows[size], int(index)
 
-    def _block(self, block: int) -> np.ndarray:
-        """Rows ``[block * block_rows, ...)`` (as stored), cached or read now."""
-        key = (self._relative, int(block))
-        found = self._cache.get(key)
-        if found is not None:
-            return found
-        first = int(block) * self._block_rows
-        count = min(self._block_rows, len(self) - first)
+    def _block(self, size: str, index: int) -> Block:
+        """Block ``index`` of ``size``: rows ``[index * block_rows, ...)`` (as stored)."""
+        first = index * self._block_rows[size]
+        count = min(self._block_rows[size], len(self) - first)
         start = self._offset + first * self._row_bytes
         nbytes = count * self._row_bytes
-        self._cache.reserve(nbytes)
-        rows = None
-        try:
+
+        def read() -> np.ndarray:
             data = self._objects.read(self._relative, start, start + nbytes)
-            rows = np.frombuffer(data, self._stored).reshape(count, *self.shape[1:])
-        finally:
-            self._cache.put(key, rows, nbytes)
-        return rows
+            return np.frombuffer(data, self._stored).reshape(count, *self.shape[1:])
+
+        return Block(self._key(size, index), size, nbytes, read)

@@ -96,6 +96,27 @@ def test_a_range_read_cut_short_is_retried_never_served(big):
     assert proxy.counts["truncate"] >= 4, proxy.counts
 
 
+def test_a_permutation_keeps_more_reads_in_flight_than_four(big):
+    """A full shuffle's first batch of scattered rows, through a proxy that delays
+    each request by 500 ms: its reads slide and deepen past the floor of 4 (and
+    the old bound: four blocks fit the cache) as the latency is measured, and
+    the batches are the local copy's."""
+    port = int(big["endpoint"].rsplit(":", 1)[1])
+    kwargs = {"batch_size": 64, "shuffle": True}
+    want = list(
+        itertools.islice(jaxfeed.make("numpy", dataset=str(big["big"]), **kwargs).iter_epoch(0), 1)
+    )
+    with FaultyProxy(port, faults=(), latency_s=0.5) as proxy:
+        source = jaxfeed.make(
+            "numpy", dataset=big["url"], storage_options=_through(proxy), **kwargs
+        )
+        got = [dict(b) for b in itertools.islice(source.iter_epoch(0), 1)]
+    assert _same(got, [dict(b) for b in want])
+    assert proxy.stats()["peak_in_flight"] > 4, proxy.stats()
+    depth = source.dataset.arrays["x"]._cache.depths["small"].depth
+    assert depth > 4, depth
+
+
 def test_an_object_changed_mid_training_is_refused_at_the_next_epoch(big):
     s3, key = big["s3"], "big-changing/train/x.npy"
     x = np.load(big["big"] / "x.npy")
