@@ -23,7 +23,9 @@ numbers of one length in every record; the rest is refused by name under
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
+import hashlib
 import json
 import os
 import struct
@@ -54,6 +56,7 @@ INDEX_DIR = "tfrecord-index"  # under jaxfeed's cache: one entry per object vers
 LAYOUT = "v1"  # of an index entry: bumping it builds them again
 STREAM_BYTES = 8 << 20  # one ranged read of the pass that builds an index
 _HEADER, _FRAMING = 12, 16  # length + its CRC; and the data's CRC after the data
+RECENT_BATCHES = 4  # the last batches gathered, every field of them: see `_Shards.gather`
 _ROOT = PurePosixPath("/jaxfeed-remote")  # stands for the URL in `named_split`'s messages
 
 
@@ -190,12 +193,12 @@ def _write_index(objects: RemoteObjects, relative: str, size: int, scratch: Path
 
 def _refusal(objects: RemoteObjects, indexes: Mapping[str, dict]) -> str | None:
     """Why the shards are not read in place (naming the object), or None."""
-    first = next((r for r, i in indexes.items() if i["records"]), None)
-    if first is None:
-        return f"{objects.url} holds no records"
     for relative, index in indexes.items():
         if index["refused"] is not None:
             return f"{objects.object_url(relative)}: {index['refused']}"
+    first = next((r for r, i in indexes.items() if i["records"]), None)
+    if first is None:
+        return f"{objects.url} holds no records"
     for relative, index in indexes.items():
         if index["records"] and index["schema"] != indexes[first]["schema"]:
             return (
@@ -218,14 +221,15 @@ class _Shards:
         self.rows = sum(i["records"] for i in indexes.values())
         self.row_bytes = sum(n * (4 if k == "float" else 8) for k, n in first.values())
         self._blocks: tuple[np.ndarray, ...] | None = None
+        self._recent: collections.OrderedDict[bytes, dict] = collections.OrderedDict()
         self._lock = threading.Lock()
 
     def __getstate__(self) -> dict:
         # Into a worker: the index paths, not their arrays (loaded there again).
-        return {**self.__dict__, "_blocks": None, "_lock": None}
+        return {**self.__dict__, "_blocks": None, "_recent": None, "_lock": None}
 
     def __setstate__(self, state: dict) -> None:
-        self.__dict__.update(state, _lock=threading.Lock())
+        self.__dict__.update(state, _recent=collections.OrderedDict(), _lock=threading.Lock())
 
     def blocks(self) -> tuple[np.ndarray, ...]:
         """Per block: its first row of the split, its shard, and the byte range
@@ -259,11 +263,50 @@ class _Shards:
     def block_of(self, rows: np.ndarray) -> np.ndarray:
         return np.searchsorted(self.blocks()[0], rows, side="right") - 1
 
-    def block(self, block: int, name: str) -> np.ndarray:
-        """Field ``name`` of block ``block``'s rows (as parsed), cached or read
-        now (all fields parsed at once, each cached)."""
-        found = self.cache.get((block, name))
-        if found is not None:
+    def gather(self, rows: np.ndarray, name: str) -> np.ndarray:
+        """Field ``name``'s ``rows`` (as parsed), a block of records at a time:
+        a batch's rows of one block come from one read, at most `READ_THREADS`
+        at once. Every field is gathered, and the others kept for a few
+        batches: a backend asks for each field of a batch in turn, and one
+        read serves them all (each array is handed out once: never shared)."""
+        key = hashlib.blake2b(rows.tobytes(), digest_size=16).digest()
+        with self._lock:
+            kept = self._recent.get(key, {})
+            if name in kept:
+                values = kept.pop(name)
+                if not kept:
+                    del self._recent[key]
+                return values
+        out = {
+            name: np.empty((len(rows), *([n] if n > 1 else [])), _dtype(kind))
+            for name, (kind, n) in self.schema.items()
+        }
+        blocks = self.block_of(rows)
+        order = np.argsort(blocks, kind="stable")
+        needed, starts = np.unique(blocks[order], return_index=True)
+        groups = np.split(order, starts[1:])
+        first_rows = self.blocks()[0]
+        block_bytes = min(BLOCK_BYTES, max(1, self.cache.max_bytes // 4))
+        at_once = max(1, min(READ_THREADS, self.cache.max_bytes // block_bytes))
+        for first in range(0, len(needed), at_once):
+            chunk = needed[first : first + at_once]
+            read = self.cache.pool().map if len(chunk) > 1 else map
+            parsed = read(lambda b: self.block(int(b)), chunk)
+            for block, where, b in zip(parsed, groups[first:], chunk, strict=False):
+                for field, parsed_rows in block.items():
+                    out[field][where] = parsed_rows[rows[where] - first_rows[b]]
+        values = out.pop(name)
+        if out and len(rows) * self.row_bytes <= self.cache.max_bytes:  # a batch, not a field
+            with self._lock:
+                self._recent[key] = out
+                while len(self._recent) > RECENT_BATCHES:
+                    self._recent.popitem(last=False)
+        return values
+
+    def block(self, block: int) -> dict[str, np.ndarray]:
+        """Every field of block ``block``'s rows (as parsed), cached or read now."""
+        found = {name: self.cache.get((block, name)) for name in self.schema}
+        if all(values is not None for values in found.values()):
             return found
         first_rows, shards, starts, ends, firsts = self.blocks()
         count = (first_rows[block + 1] if block + 1 < len(first_rows) else self.rows) - int(
@@ -272,7 +315,6 @@ class _Shards:
         relative = self.relatives[shards[block]]
         nbytes = count * self.row_bytes
         self.cache.reserve(nbytes)
-        batch: dict[str, Any] = {}
         try:
             data = self.objects.read(relative, int(starts[block]), int(ends[block]))
             records = _records(self.objects.object_url(relative), data, int(starts[block]))
@@ -288,9 +330,14 @@ class _Shards:
                 )
         finally:
             self.cache.put(None, None, nbytes)  # the room read into, given back
-        for key, values in batch.items():
-            self.cache.put((block, key), values, 0)
-        return batch[name]
+        for name, values in batch.items():
+            self.cache.put((block, name), values, 0)
+        return batch
+
+
+def _dtype(kind: str) -> np.dtype:
+    """The dtype an Example's number feature is parsed as (`example_batch`)."""
+    return np.dtype(np.float32 if kind == "float" else np.int64)
 
 
 _LENGTH = struct.Struct("<QI")
@@ -327,7 +374,7 @@ class RangedExamples:
         self._shards, self._name = shards, name
         kind, width = shards.schema[name]
         self.url = f"{shards.objects.url.rstrip('/')}#{name}"
-        self._stored = np.dtype(np.float32 if kind == "float" else np.int64)
+        self._stored = _dtype(kind)
         self.shape = (shards.rows, width) if width > 1 else (shards.rows,)
         self.dtype = device_dtype(self._stored)
         self.nbytes = shards.rows * width * self.dtype.itemsize
@@ -363,21 +410,4 @@ class RangedExamples:
         return narrowed(out, self.dtype, self.url)
 
     def _gather(self, rows: np.ndarray) -> np.ndarray:
-        """``rows``, a block of records at a time: a batch's rows of one block
-        come from one read, at most `READ_THREADS` at once."""
-        shards = self._shards
-        out = np.empty((len(rows), *self.shape[1:]), self._stored)
-        blocks = shards.block_of(rows)
-        order = np.argsort(blocks, kind="stable")
-        needed, starts = np.unique(blocks[order], return_index=True)
-        groups = np.split(order, starts[1:])
-        first_rows = shards.blocks()[0]
-        block_bytes = min(BLOCK_BYTES, max(1, shards.cache.max_bytes // 4))
-        at_once = max(1, min(READ_THREADS, shards.cache.max_bytes // block_bytes))
-        for first in range(0, len(needed), at_once):
-            chunk = needed[first : first + at_once]
-            read = shards.cache.pool().map if len(chunk) > 1 else map
-            parsed = read(lambda b: shards.block(int(b), self._name), chunk)
-            for block, where, b in zip(parsed, groups[first:], chunk, strict=False):
-                out[where] = block[rows[where] - first_rows[b]]
-        return out
+        return self._shards.gather(rows, self._name)
