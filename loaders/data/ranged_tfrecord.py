@@ -69,7 +69,7 @@ def tfrecord_fields(
     TFRecord shards, or (under ``auto``) shards the index cannot read in place.
 
     Raises:
-      ValueError: under ``JAXFEED_READ=ranges``, shards that cannot be read in
+      ValueError: an unknown ``JAXFEED_READ``; under ``ranges``, shards that cannot be read in
         place (gzip-compressed, bytes or ragged features, shards of other
         features), naming the object and the fix; a damaged object (named,
         with the record and byte), as the local reader says.
@@ -77,8 +77,10 @@ def tfrecord_fields(
     """
     mode = os.environ.get(READ_ENV, "") or "auto"
     listed = objects.made_from
-    if mode not in READS or mode == "whole":
-        return None  # (an unknown value: npy_fields names it)
+    if mode not in READS:
+        raise ValueError(f"{READ_ENV}={mode!r}: expected one of {list(READS)}")
+    if mode == "whole":
+        return None
     if mode == "auto" and sum(v.size for v in listed.values()) <= cache_bytes():
         return None
     shards = _split_shards(objects, split, splits)
