@@ -15,7 +15,7 @@ import os
 import re
 import warnings
 from collections.abc import Sequence
-from pathlib import Path
+from pathlib import Path, PurePath
 
 from jaxfeed.loaders.data.formats import imagefolder, prepared
 from jaxfeed.loaders.data.formats.tables import ARROW_MAGIC, PARQUET_MAGIC
@@ -28,6 +28,7 @@ __all__ = [
     "LeftOutFilesWarning",
     "file_format",
     "locate",
+    "named_split",
     "unknown_directory",
 ]
 
@@ -203,16 +204,29 @@ def _of_files(
             f"dataset files hold no one known format ({kinds}); pass files of one of "
             f"{list(FILE_FORMATS)}, or say which with format="
         )
+    return Found(formats.pop(), tuple(named_split(files, split, splits)), name)
+
+
+def named_split(files: Sequence[PurePath], split: str, splits: Sequence[str]) -> list[PurePath]:
+    """The files of ``split`` among ``files`` by their names (a file is in the
+    split its name holds as a word); all of them for the first split when
+    none names one.
+
+    Raises:
+      ValueError: files a split would leave out or read twice (`_check_split_names`).
+      MissingSplitError: no file is in ``split``.
+    """
+    files = list(files)
     named = {s: [p for p in files if _names_split(p.name, s)] for s in splits}
     laid_out = [s for s in splits if named[s]]
     _check_split_names(files, splits, laid_out)
     if laid_out:
         if split not in laid_out:
             raise _missing(files[0].parent, split, laid_out, "file-name splits")
-        files = named[split]
-    elif split != splits[0]:
+        return named[split]
+    if split != splits[0]:
         raise _one_split(files[0].parent, split, splits[0], "files")
-    return Found(formats.pop(), tuple(files), name)
+    return files
 
 
 def _names_split(file_name: str, split: str) -> bool:
@@ -222,7 +236,7 @@ def _names_split(file_name: str, split: str) -> bool:
     return re.search(rf"(?<![a-z]){re.escape(split)}(?![a-z])", file_name.lower()) is not None
 
 
-def _check_split_names(files: list[Path], splits: Sequence[str], laid_out: list[str]) -> None:
+def _check_split_names(files: list[PurePath], splits: Sequence[str], laid_out: list[str]) -> None:
     """Refuses files a split would leave out, or read twice: where some name a
     split, one naming none (``contest-0.parquet``, ``validation-0.parquet``)
     or both; where none does, files naming different splits jaxfeed does not
@@ -258,14 +272,14 @@ def _name(parent: Path, files: list[Path]) -> str:
     return files[0].name.split(".")[0] if len(files) == 1 else parent.resolve().name
 
 
-def _missing(directory: Path, split: str, laid_out: list[str], what: str) -> MissingSplitError:
+def _missing(directory: PurePath, split: str, laid_out: list[str], what: str) -> MissingSplitError:
     return MissingSplitError(
         f"{directory} has no {split!r} split: its {what} are {laid_out}; add {split} data "
         "beside them"
     )
 
 
-def _one_split(directory: Path, split: str, first: str, what: str) -> MissingSplitError:
+def _one_split(directory: PurePath, split: str, first: str, what: str) -> MissingSplitError:
     return MissingSplitError(
         f"{directory} has no {split!r} split: its {what} are one split, {first!r}; to have "
         f"both, put them in {first}/ and {split}/ subdirectories (or name the files "

@@ -29,7 +29,7 @@ import itertools
 import os
 import struct
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import NamedTuple
 
@@ -40,6 +40,7 @@ __all__ = [
     "DEFAULT_MAX_RECORD_BYTES",
     "GZIP_MAGIC",
     "MAX_RECORD_ENV",
+    "framed_records",
     "masked_crc32c",
     "tfrecord_records",
 ]
@@ -95,38 +96,47 @@ def tfrecord_records(path: Path) -> Iterator[Record]:
         ``JAXFEED_MAX_RECORD_BYTES``, or the gzip stream is damaged (the
         message names the file and the record), after the records before it.
     """
-    from google_crc32c import value as crc32c
-
     with open(path, "rb") as raw:
         compressed = raw.read(2) == GZIP_MAGIC
-    name, index = str(path), 0
-    most = _max_record_bytes() if compressed else None
     with open(path, "rb") as file:
-        chunks = _gunzipped(file) if compressed else iter(lambda: file.read(_CHUNK_BYTES), b"")
-        size = None if compressed else os.fstat(file.fileno()).st_size
-        pieces: list[bytes] = []
-        have, wanted, offset = 0, _HEADER, 0  # offset: where ``pieces`` start in the stream
-        try:
-            for chunk in itertools.chain(chunks, [b""]):
-                pieces.append(chunk)
-                have += len(chunk)
-                if chunk and have < wanted:  # a record longer than a chunk: gather more first
-                    continue
-                data = b"".join(pieces)
-                room = _Room(offset, None if size is None else size - offset, most)
-                frames, rest, error = _frames(data, path, index, room, at_end=not chunk)
-                for start, stop in frames:
-                    record = data[start:stop]
-                    if _masked(crc32c(record)) != _CHECKSUM.unpack_from(data, stop)[0]:
-                        raise _damaged(path, index, "its data fails its checksum")
-                    yield name, index, record
-                    index += 1
-                if error is not None:
-                    raise error
-                pieces, offset = [data[rest:]], offset + rest
-                have, wanted = len(pieces[0]), _wanted(pieces[0])
-        except (EOFError, zlib.error) as err:
-            raise _damaged(path, index, f"its gzip stream is damaged ({err})") from None
+        if compressed:
+            yield from framed_records(_gunzipped(file), str(path), None)
+        else:
+            chunks = iter(lambda: file.read(_CHUNK_BYTES), b"")
+            yield from framed_records(chunks, str(path), os.fstat(file.fileno()).st_size)
+
+
+def framed_records(chunks: Iterable[bytes], name: str, size: int | None) -> Iterator[Record]:
+    """Each record of the TFRecord bytes ``chunks`` (a file's or a store
+    object's, named ``name``), as `tfrecord_records` gives and checks them;
+    ``size``: the bytes in all (a plain file's), or None for a gzip file's
+    inflated bytes (then a record is bounded by ``JAXFEED_MAX_RECORD_BYTES``)."""
+    from google_crc32c import value as crc32c
+
+    index, most = 0, _max_record_bytes() if size is None else None
+    pieces: list[bytes] = []
+    have, wanted, offset = 0, _HEADER, 0  # offset: where ``pieces`` start in the stream
+    try:
+        for chunk in itertools.chain(chunks, [b""]):
+            pieces.append(chunk)
+            have += len(chunk)
+            if chunk and have < wanted:  # a record longer than a chunk: gather more first
+                continue
+            data = b"".join(pieces)
+            room = _Room(offset, None if size is None else size - offset, most)
+            frames, rest, error = _frames(data, name, index, room, at_end=not chunk)
+            for start, stop in frames:
+                record = data[start:stop]
+                if _masked(crc32c(record)) != _CHECKSUM.unpack_from(data, stop)[0]:
+                    raise _damaged(name, index, "its data fails its checksum")
+                yield name, index, record
+                index += 1
+            if error is not None:
+                raise error
+            pieces, offset = [data[rest:]], offset + rest
+            have, wanted = len(pieces[0]), _wanted(pieces[0])
+    except (EOFError, zlib.error) as err:
+        raise _damaged(name, index, f"its gzip stream is damaged ({err})") from None
 
 
 def _max_record_bytes() -> int:
@@ -201,7 +211,7 @@ class _Room(NamedTuple):
 
 
 def _frames(
-    data: bytes, path: Path, index: int, room: _Room, at_end: bool
+    data: bytes, path: str, index: int, room: _Room, at_end: bool
 ) -> tuple[list[tuple[int, int]], int, ValueError | None]:
     """The ``(start, stop)`` of each whole record in ``data`` (its first is
     record ``index``), where the rest begins, and the error that stops the
@@ -231,7 +241,9 @@ def _frames(
         frames.append((pos + _HEADER, stop))
     rest = frames[-1][1] + _FOOTER if frames else 0
     if bad < len(heads) or (at_end and rest < size):  # or less than a length is left
-        return frames, rest, _damaged(path, index + len(frames), "its length header is damaged")
+        where = room.where(heads[bad] if bad < len(heads) else rest)
+        problem = f"its length header is damaged ({where})"
+        return frames, rest, _damaged(path, index + len(frames), problem)
     return frames, rest, None
 
 
@@ -247,7 +259,7 @@ def _first_bad_length(data: bytes, heads: list[int]) -> int:
     return int(bad[0]) if len(bad) else len(heads)
 
 
-def _too_long(path: Path, index: int, length: int, where: str, most: int) -> ValueError:
+def _too_long(path: str, index: int, length: int, where: str, most: int) -> ValueError:
     return ValueError(
         f"{path}, record {index}: its length header ({where}) says {length} bytes, more than "
         f"the {most} a gzip file's record may hold ({MAX_RECORD_ENV}); the file is damaged "
@@ -255,7 +267,7 @@ def _too_long(path: Path, index: int, length: int, where: str, most: int) -> Val
     )
 
 
-def _damaged(path: Path, index: int, problem: str) -> ValueError:
+def _damaged(path: str, index: int, problem: str) -> ValueError:
     return ValueError(
         f"{path}, record {index}: {problem}; the file is cut short or damaged (or not a "
         "TFRecord file: pass format= to say what it is); write it again"

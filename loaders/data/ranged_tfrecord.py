@@ -1,0 +1,415 @@
+"""A store's TFRecord shards read in place, by ranged reads: how a TFRecord
+split bigger than the cache trains.
+
+A TFRecord object has no index, so each is streamed once (ranged reads of
+`STREAM_BYTES` through `RemoteObjects.read`, retried and never short), its
+framing checked as the local reader checks it (`tfrecord.framed_records`:
+each length's and each record's CRC) and its Examples parsed as the columnar
+copy parses them, into an **index**: where each record lies, and the
+features the copy would make of it. The index is saved in jaxfeed's cache
+(`INDEX_DIR`), keyed by the object's identity (URL, size and version, as
+`object_cache.entry_key` keys an entry) and built atomically
+(`cache.build_once`), so a second ``make``, or another process, loads it
+without reading the object again, and a changed object gets a new one.
+
+Rows are then read a block of consecutive records at a time (one ranged
+read) and parsed by jaxfeed's own Example parser into the arrays the local
+copy holds (same fields, dtypes and order), through a `BlockCache` as
+`ranged_npy` reads rows. Only what is read identically is read in place:
+uncompressed shards (a gzip stream has no random access) whose features are
+numbers of one length in every record; the rest is refused by name under
+``JAXFEED_READ=ranges`` and fetched whole under ``auto``.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import hashlib
+import json
+import os
+import struct
+import threading
+from collections.abc import Iterator, Mapping
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+import numpy as np
+from jaxfeed.loaders.array_dataset import device_dtype, narrowed
+from jaxfeed.loaders.data.cache import build_once, cache_root
+from jaxfeed.loaders.data.formats.detect import named_split
+from jaxfeed.loaders.data.formats.example import (
+    Record,
+    example_batch,
+    example_batches,
+    example_schema,
+)
+from jaxfeed.loaders.data.formats.tfrecord import GZIP_MAGIC, framed_records, masked_crc32c
+from jaxfeed.loaders.data.object_cache import entry_key
+from jaxfeed.loaders.data.on_disk import MissingSplitError
+from jaxfeed.loaders.data.ranged_npy import BLOCK_BYTES, READ_ENV, READ_THREADS, READS, BlockCache
+from jaxfeed.loaders.data.remote import FETCH_THREADS, RemoteObjects, cache_bytes
+
+__all__ = ["INDEX_DIR", "RangedExamples", "tfrecord_fields"]
+
+INDEX_DIR = "tfrecord-index"  # under jaxfeed's cache: one entry per object version
+LAYOUT = "v1"  # of an index entry: bumping it builds them again
+STREAM_BYTES = 8 << 20  # one ranged read of the pass that builds an index
+_HEADER, _FRAMING = 12, 16  # length + its CRC; and the data's CRC after the data
+RECENT_BATCHES = 4  # the last batches gathered, every field of them: see `_Shards.gather`
+_ROOT = PurePosixPath("/jaxfeed-remote")  # stands for the URL in `named_split`'s messages
+
+
+def tfrecord_fields(
+    objects: RemoteObjects, split: str, splits: tuple[str, ...]
+) -> tuple[dict, list[int]] | None:
+    """``split``'s fields as `RangedExamples` and its rows per shard (the
+    dataset's ``units``), or None where its objects are fetched whole: as
+    `ranged_npy.npy_fields` chooses (``JAXFEED_READ``), or they are no
+    TFRecord shards, or (under ``auto``) shards the index cannot read in place.
+
+    Raises:
+      ValueError: an unknown ``JAXFEED_READ``; under ``ranges``, shards that cannot be read in
+        place (gzip-compressed, bytes or ragged features, shards of other
+        features), naming the object and the fix; a damaged object (named,
+        with the record and byte), as the local reader says.
+      MissingSplitError: the shards hold other splits but not ``split``.
+    """
+    mode = os.environ.get(READ_ENV, "") or "auto"
+    listed = objects.made_from
+    if mode not in READS:
+        raise ValueError(f"{READ_ENV}={mode!r}: expected one of {list(READS)}")
+    if mode == "whole":
+        return None
+    if mode == "auto" and sum(v.size for v in listed.values()) <= cache_bytes():
+        return None
+    shards = _split_shards(objects, split, splits)
+    if shards is None:
+        return None
+
+    def index(relative: str) -> dict:
+        return _index(objects, relative)
+
+    with concurrent.futures.ThreadPoolExecutor(FETCH_THREADS, "jaxfeed-index") as pool:
+        indexes = dict(zip(shards, pool.map(index, shards), strict=True))
+    refused = _refusal(objects, indexes)
+    if refused is not None:
+        if mode == "auto":
+            return None
+        raise ValueError(
+            f"{READ_ENV}=ranges: {refused}, which is not read in place: set {READ_ENV}=whole "
+            "to fetch the shards into the cache (JAXFEED_CACHE_BYTES must hold them)"
+        )
+    kept = {r: i for r, i in indexes.items() if i["records"]}
+    reader = _Shards(objects, kept, BlockCache(cache_bytes() // 4))
+    fields = {name: RangedExamples(reader, name) for name in reader.schema}
+    return fields, [i["records"] for i in kept.values()]
+
+
+def _split_shards(objects: RemoteObjects, split: str, splits: tuple[str, ...]) -> list[str] | None:
+    """The objects of ``split`` (relative paths, in reading order) when every
+    object under the URL is a TFRecord shard laid out as the local reader
+    reads a directory (files, or ``train/`` and ``test/`` of them) or named
+    by a list or glob; None otherwise (the local reader decides)."""
+    listed = objects.made_from
+    if not all(".tfrecord" in PurePosixPath(r or objects.path).name.lower() for r in listed):
+        return None
+    if "" in listed or objects.members is not None:
+        names = {r: r or PurePosixPath(objects.path).name for r in listed}
+        files = sorted((_ROOT / n for n in names.values()), key=lambda p: p.name)
+        relative = {_ROOT / n: r for r, n in names.items()}
+        return [relative[p] for p in _named(objects, files, split, splits)]
+    if any(PurePosixPath(r).name.startswith(".") for r in listed):
+        return None  # the local reader leaves hidden files out
+    laid_out = [s for s in splits if any(r.startswith(f"{s}/") for r in listed)]
+    if laid_out:
+        if any(r.count("/") != 1 or r.split("/")[0] not in laid_out for r in listed):
+            return None  # other files beside the split directories: the local reader warns
+        if split not in laid_out:
+            raise MissingSplitError(
+                f"{objects.url} has no {split!r} split: its file splits are {laid_out}; add "
+                f"{split} data beside them"
+            )
+        files = sorted(_ROOT / r for r in listed if r.startswith(f"{split}/"))
+        return [str(p.relative_to(_ROOT)) for p in _named(objects, files, split, (split,))]
+    if any("/" in r for r in listed):
+        return None
+    files = sorted(_ROOT / r for r in listed)
+    return [str(p.relative_to(_ROOT)) for p in _named(objects, files, split, splits)]
+
+
+def _named(objects: RemoteObjects, files: list, split: str, splits: tuple[str, ...]) -> list:
+    try:
+        return named_split(files, split, splits)
+    except ValueError as error:  # name the URL, not the stand-in root
+        raise type(error)(str(error).replace(str(_ROOT), objects.url.rstrip("/"))) from None
+
+
+def _index(objects: RemoteObjects, relative: str) -> dict:
+    """One object's index, built by streaming it once unless the cache holds
+    it: ``records``, ``frames`` (int64 ``[n, 2]``: where each record's frame
+    starts, its data's length), ``schema`` (the features, as `example_batch`
+    takes them) and ``refused`` (why it is not read in place, or None)."""
+    listed = objects.made_from[relative]
+    key = entry_key(objects.object_url(relative), listed.size, listed.identity)
+    path = build_once(
+        cache_root() / INDEX_DIR / f"{key}-{LAYOUT}",
+        lambda scratch: _write_index(objects, relative, listed.size, scratch),
+    )
+    meta = json.loads((path / "index.json").read_text())
+    meta["schema"] = {name: (kind, length) for name, kind, length in meta["schema"]}
+    return {**meta, "path": str(path / "frames.npy")}
+
+
+def _write_index(objects: RemoteObjects, relative: str, size: int, scratch: Path) -> None:
+    url = objects.object_url(relative)
+    lengths: list[int] = []
+    schema: dict[str, tuple[str, int]] = {}
+    refused = None
+    if objects.read(relative, 0, min(size, 2)) == GZIP_MAGIC:
+        refused = "it is gzip-compressed (no random access)"
+    else:
+        starts = range(0, size, STREAM_BYTES)
+        chunks = (objects.read(relative, s, min(s + STREAM_BYTES, size)) for s in starts)
+
+        def counted() -> Iterator[Record]:
+            for record in framed_records(chunks, url, size):
+                if not lengths:
+                    schema.update(example_schema(record))
+                lengths.append(len(record[2]))
+                yield record
+
+        for batch in example_batches(counted()):  # every record: the copy's errors, named
+            for name, values in batch.items():
+                if refused is None and not isinstance(values, np.ndarray):
+                    what = "bytes" if isinstance(values, list) else "rows of different lengths"
+                    refused = f"its feature {name!r} holds {what}"
+    frames = np.zeros((len(lengths), 2), np.int64)
+    frames[:, 1] = lengths
+    frames[1:, 0] = np.cumsum(frames[:-1, 1] + _FRAMING)
+    np.save(scratch / "frames.npy", frames)
+    listed = [[name, kind, length] for name, (kind, length) in schema.items()]
+    meta = {"url": url, "records": len(lengths), "schema": listed, "refused": refused}
+    (scratch / "index.json").write_text(json.dumps(meta))
+
+
+def _refusal(objects: RemoteObjects, indexes: Mapping[str, dict]) -> str | None:
+    """Why the shards are not read in place (naming the object), or None."""
+    for relative, index in indexes.items():
+        if index["refused"] is not None:
+            return f"{objects.object_url(relative)}: {index['refused']}"
+    first = next((r for r, i in indexes.items() if i["records"]), None)
+    if first is None:
+        return f"{objects.url} holds no records"
+    for relative, index in indexes.items():
+        if index["records"] and index["schema"] != indexes[first]["schema"]:
+            return (
+                f"{objects.object_url(relative)} holds features {index['schema']}, "
+                f"{objects.object_url(first)} {indexes[first]['schema']}"
+            )
+    return None
+
+
+class _Shards:
+    """A split's shards, their indexes and blocks, read and parsed together:
+    one block's read serves every field (see the module)."""
+
+    def __init__(self, objects: RemoteObjects, indexes: Mapping[str, dict], cache: BlockCache):
+        self.objects, self.cache = objects, cache
+        self.relatives = list(indexes)
+        self.paths = [i["path"] for i in indexes.values()]  # what a worker loads again
+        first = next(iter(indexes.values()))["schema"]
+        self.schema = first  # name -> (kind, values per record): `example_batch` takes it
+        self.rows = sum(i["records"] for i in indexes.values())
+        self.row_bytes = sum(n * (4 if k == "float" else 8) for k, n in first.values())
+        self._blocks: tuple[np.ndarray, ...] | None = None
+        self._recent: collections.OrderedDict[bytes, dict] = collections.OrderedDict()
+        self._lock = threading.Lock()
+
+    def __getstate__(self) -> dict:
+        # Into a worker: the index paths, not their arrays (loaded there again).
+        return {**self.__dict__, "_blocks": None, "_recent": None, "_lock": None}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state, _recent=collections.OrderedDict(), _lock=threading.Lock())
+
+    def blocks(self) -> tuple[np.ndarray, ...]:
+        """Per block: its first row of the split, its shard, and the byte range
+        and first record of its run of records in that shard."""
+        with self._lock:
+            if self._blocks is None:
+                self._blocks = self._plan()
+            return self._blocks
+
+    def _plan(self) -> tuple[np.ndarray, ...]:
+        bound = min(BLOCK_BYTES, max(1, self.cache.max_bytes // 4))
+        most_rows = max(1, bound // max(1, self.row_bytes))  # parsed, they fit the bound too
+        first_rows, shards, starts, ends, firsts = [], [], [], [], []
+        row = 0
+        for shard, path in enumerate(self.paths):
+            frames = np.load(path)
+            n = len(frames)
+            at = frames[:, 0]
+            key = np.stack([at // bound, np.arange(n) // most_rows])
+            new = np.concatenate(([True], np.any(key[:, 1:] != key[:, :-1], axis=0)))
+            first = np.flatnonzero(new)
+            last = np.concatenate((first[1:], [n])) - 1
+            first_rows.append(row + first)
+            shards.append(np.full(len(first), shard))
+            starts.append(at[first])
+            ends.append(at[last] + frames[last, 1] + _FRAMING)
+            firsts.append(first)
+            row += n
+        return tuple(map(np.concatenate, (first_rows, shards, starts, ends, firsts)))
+
+    def block_of(self, rows: np.ndarray) -> np.ndarray:
+        return np.searchsorted(self.blocks()[0], rows, side="right") - 1
+
+    def gather(self, rows: np.ndarray, name: str) -> np.ndarray:
+        """Field ``name``'s ``rows`` (as parsed), a block of records at a time:
+        a batch's rows of one block come from one read, at most `READ_THREADS`
+        at once. Every field is gathered, and the others kept for a few
+        batches: a backend asks for each field of a batch in turn, and one
+        read serves them all (each array is handed out once: never shared)."""
+        key = hashlib.blake2b(rows.tobytes(), digest_size=16).digest()
+        with self._lock:
+            kept = self._recent.get(key, {})
+            if name in kept:
+                values = kept.pop(name)
+                if not kept:
+                    del self._recent[key]
+                return values
+        out = {
+            name: np.empty((len(rows), *([n] if n > 1 else [])), _dtype(kind))
+            for name, (kind, n) in self.schema.items()
+        }
+        blocks = self.block_of(rows)
+        order = np.argsort(blocks, kind="stable")
+        needed, starts = np.unique(blocks[order], return_index=True)
+        groups = np.split(order, starts[1:])
+        first_rows = self.blocks()[0]
+        block_bytes = min(BLOCK_BYTES, max(1, self.cache.max_bytes // 4))
+        at_once = max(1, min(READ_THREADS, self.cache.max_bytes // block_bytes))
+        for first in range(0, len(needed), at_once):
+            chunk = needed[first : first + at_once]
+            read = self.cache.pool().map if len(chunk) > 1 else map
+            parsed = read(lambda b: self.block(int(b)), chunk)
+            for block, where, b in zip(parsed, groups[first:], chunk, strict=False):
+                for field, parsed_rows in block.items():
+                    out[field][where] = parsed_rows[rows[where] - first_rows[b]]
+        values = out.pop(name)
+        if out and len(rows) * self.row_bytes <= self.cache.max_bytes:  # a batch, not a field
+            with self._lock:
+                self._recent[key] = out
+                while len(self._recent) > RECENT_BATCHES:
+                    self._recent.popitem(last=False)
+        return values
+
+    def block(self, block: int) -> dict[str, np.ndarray]:
+        """Every field of block ``block``'s rows (as parsed), cached or read now."""
+        found = {name: self.cache.get((block, name)) for name in self.schema}
+        if all(values is not None for values in found.values()):
+            return found
+        first_rows, shards, starts, ends, firsts = self.blocks()
+        count = (first_rows[block + 1] if block + 1 < len(first_rows) else self.rows) - int(
+            first_rows[block]
+        )
+        relative = self.relatives[shards[block]]
+        nbytes = count * self.row_bytes
+        self.cache.reserve(nbytes)
+        try:
+            data = self.objects.read(relative, int(starts[block]), int(ends[block]))
+            records = _records(self.objects.object_url(relative), data, int(starts[block]))
+            first = int(firsts[block])
+            batch = example_batch(
+                [(url, first + i, r) for i, (url, r) in enumerate(records)], self.schema
+            )
+            if len(records) != count or not all(isinstance(v, np.ndarray) for v in batch.values()):
+                raise ValueError(
+                    f"{self.objects.object_url(relative)} bytes {starts[block]}-{ends[block] - 1} "
+                    "no longer hold the records it was indexed with: it changed; make the "
+                    "source again"
+                )
+        finally:
+            self.cache.put(None, None, nbytes)  # the room read into, given back
+        for name, values in batch.items():
+            self.cache.put((block, name), values, 0)
+        return batch
+
+
+def _dtype(kind: str) -> np.dtype:
+    """The dtype an Example's number feature is parsed as (`example_batch`)."""
+    return np.dtype(np.float32 if kind == "float" else np.int64)
+
+
+_LENGTH = struct.Struct("<QI")
+
+
+def _records(url: str, data: bytes, offset: int) -> list[tuple[str, bytes]]:
+    """The records of ``data`` (a run of whole frames read from ``offset``),
+    each length's and data's CRC checked (the object may have changed)."""
+    records, pos = [], 0
+    while pos < len(data):
+        length, check = _LENGTH.unpack_from(data, pos)
+        stop = pos + _HEADER + length
+        if masked_crc32c(data[pos : pos + 8]) != check or stop + 4 > len(data):
+            raise ValueError(
+                f"{url}: the length header at byte {offset + pos} is damaged, or the object "
+                "changed since it was indexed; make the source again"
+            )
+        record = data[pos + _HEADER : stop]
+        if masked_crc32c(record) != struct.unpack_from("<I", data, stop)[0]:
+            raise ValueError(
+                f"{url}: the record at byte {offset + pos} fails its checksum: the object is "
+                "damaged or changed since it was indexed; make the source again"
+            )
+        records.append((url, record))
+        pos = stop + 4
+    return records
+
+
+class RangedExamples:
+    """One numeric feature of a split's TFRecord shards, read in place (a
+    `RemoteField`; see the module)."""
+
+    def __init__(self, shards: _Shards, name: str):
+        self._shards, self._name = shards, name
+        kind, width = shards.schema[name]
+        self.url = f"{shards.objects.url.rstrip('/')}#{name}"
+        self._stored = _dtype(kind)
+        self.shape = (shards.rows, width) if width > 1 else (shards.rows,)
+        self.dtype = device_dtype(self._stored)
+        self.nbytes = shards.rows * width * self.dtype.itemsize
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __repr__(self) -> str:
+        return f"RangedExamples({self.url!r}, {self.dtype} {list(self.shape)})"
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        rows = self[:]
+        return rows if dtype is None else rows.astype(dtype)
+
+    def __getitem__(self, index: Any) -> np.ndarray:
+        if isinstance(index, int | np.integer):
+            return self[np.asarray([index])][0]
+        if isinstance(index, slice):
+            index = np.arange(*index.indices(len(self)))
+        index = np.asarray(index)
+        if index.dtype == np.bool_:
+            index = np.flatnonzero(index)
+        if index.dtype.kind not in "iu":
+            raise IndexError(f"{self!r}: rows are indexed by ints, slices or arrays of them")
+        flat = np.where(index < 0, index + len(self), index).astype(np.int64).reshape(-1)
+        if len(flat) and (flat.min() < 0 or flat.max() >= len(self)):
+            raise IndexError(f"{self!r}: row index out of range 0..{len(self) - 1}")
+        out = self._gather(flat).reshape(*index.shape, *self.shape[1:])
+        return narrowed(out, self.dtype, self.url)
+
+    def _gather(self, rows: np.ndarray) -> np.ndarray:
+        return self._shards.gather(rows, self._name)
