@@ -47,7 +47,7 @@ from jaxfeed.loaders.data.formats.example import (
 from jaxfeed.loaders.data.formats.tfrecord import GZIP_MAGIC, framed_records, masked_crc32c
 from jaxfeed.loaders.data.object_cache import entry_key
 from jaxfeed.loaders.data.on_disk import MissingSplitError
-from jaxfeed.loaders.data.ranged_npy import BLOCK_BYTES, READ_ENV, READ_THREADS, READS, BlockCache
+from jaxfeed.loaders.data.ranged_npy import BLOCK_BYTES, READ_ENV, READS, Block, BlockCache
 from jaxfeed.loaders.data.remote import FETCH_THREADS, RemoteObjects, cache_bytes
 
 __all__ = ["INDEX_DIR", "RangedExamples", "tfrecord_fields"]
@@ -267,10 +267,11 @@ class _Shards:
 
     def gather(self, rows: np.ndarray, name: str) -> np.ndarray:
         """Field ``name``'s ``rows`` (as parsed), a block of records at a time:
-        a batch's rows of one block come from one read, at most `READ_THREADS`
-        at once. Every field is gathered, and the others kept for a few
-        batches: a backend asks for each field of a batch in turn, and one
-        read serves them all (each array is handed out once: never shared)."""
+        a batch's rows of one block come from one read, the reads in the block
+        cache's sliding window. Every field is gathered, and the others kept
+        for a few batches: a backend asks for each field of a batch in turn,
+        and one read serves them all (each array is handed out once: never
+        shared)."""
         key = hashlib.blake2b(rows.tobytes(), digest_size=16).digest()
         with self._lock:
             kept = self._recent.get(key, {})
@@ -288,15 +289,11 @@ class _Shards:
         needed, starts = np.unique(blocks[order], return_index=True)
         groups = np.split(order, starts[1:])
         first_rows = self.blocks()[0]
-        block_bytes = min(BLOCK_BYTES, max(1, self.cache.max_bytes // 4))
-        at_once = max(1, min(READ_THREADS, self.cache.max_bytes // block_bytes))
-        for first in range(0, len(needed), at_once):
-            chunk = needed[first : first + at_once]
-            read = self.cache.pool().map if len(chunk) > 1 else map
-            parsed = read(lambda b: self.block(int(b)), chunk)
-            for block, where, b in zip(parsed, groups[first:], chunk, strict=False):
-                for field, parsed_rows in block.items():
-                    out[field][where] = parsed_rows[rows[where] - first_rows[b]]
+        for i, parsed in self.cache.blocks([self.block(int(b)) for b in needed]):
+            where = groups[i]
+            at = rows[where] - first_rows[needed[i]]
+            for field in out:
+                out[field][where] = parsed[field][at]
         values = out.pop(name)
         if out and len(rows) * self.row_bytes <= self.cache.max_bytes:  # a batch, not a field
             with self._lock:
@@ -305,36 +302,33 @@ class _Shards:
                     self._recent.popitem(last=False)
         return values
 
-    def block(self, block: int) -> dict[str, np.ndarray]:
-        """Every field of block ``block``'s rows (as parsed), cached or read now."""
-        found = {name: self.cache.get((block, name)) for name in self.schema}
-        if all(values is not None for values in found.values()):
-            return found
+    def block(self, block: int) -> Block:
+        """Block ``block``: its rows' every field (as parsed), as one structured
+        array (the block cache holds arrays)."""
         first_rows, shards, starts, ends, firsts = self.blocks()
         count = (first_rows[block + 1] if block + 1 < len(first_rows) else self.rows) - int(
             first_rows[block]
         )
         relative = self.relatives[shards[block]]
-        nbytes = count * self.row_bytes
-        self.cache.reserve(nbytes)
-        try:
-            data = self.objects.read(relative, int(starts[block]), int(ends[block]))
-            records = _records(self.objects.object_url(relative), data, int(starts[block]))
-            first = int(firsts[block])
+        start, end, first = int(starts[block]), int(ends[block]), int(firsts[block])
+
+        def read() -> np.ndarray:
+            url = self.objects.object_url(relative)
+            records = _records(url, self.objects.read(relative, start, end), start)
             batch = example_batch(
-                [(url, first + i, r) for i, (url, r) in enumerate(records)], self.schema
+                [(url, first + i, r) for i, (_, r) in enumerate(records)], self.schema
             )
             if len(records) != count or not all(isinstance(v, np.ndarray) for v in batch.values()):
                 raise ValueError(
-                    f"{self.objects.object_url(relative)} bytes {starts[block]}-{ends[block] - 1} "
-                    "no longer hold the records it was indexed with: it changed; make the "
-                    "source again"
+                    f"{url} bytes {start}-{end - 1} no longer hold the records it was indexed "
+                    "with: it changed; make the source again"
                 )
-        finally:
-            self.cache.put(None, None, nbytes)  # the room read into, given back
-        for name, values in batch.items():
-            self.cache.put((block, name), values, 0)
-        return batch
+            parsed = np.empty(count, [(k, v.dtype, v.shape[1:]) for k, v in batch.items()])
+            for k, v in batch.items():
+                parsed[k] = v
+            return parsed
+
+        return Block(("tfrecord", block), "big", count * self.row_bytes, read)
 
 
 def _dtype(kind: str) -> np.dtype:
