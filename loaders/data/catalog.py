@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 from jaxfeed.loaders.array_dataset import ArrayDataset
-from jaxfeed.loaders.data import formats, ranged_npy, remote
+from jaxfeed.loaders.data import formats, ranged_npy, ranged_parquet, remote
 from jaxfeed.loaders.data import named as mnist_datasets
 from jaxfeed.loaders.data.encoded import digits_png
 from jaxfeed.loaders.data.on_disk import load_npy_directory, npy_directory
@@ -182,6 +182,9 @@ def _load_url(
     objects = remote.listed_objects(url, storage_options)
     name = f"{objects.url.rstrip('/')}/{split}"
     members = objects.members
+    parquet = ranged_parquet.parquet_fields(objects, split, SPLITS, format)
+    if parquet is not None:  # row groups read in place, by ranged reads: docs/storage.md
+        return ArrayDataset(name, parquet[0], units=parquet[1], origin=objects)
     if format is None and members is None:
         fields = ranged_npy.npy_fields(objects, split, SPLITS)
         if fields is not None:  # rows read in place, by ranged reads: docs/storage.md

@@ -76,9 +76,9 @@ def npy_fields(objects: RemoteObjects, split: str, splits: tuple[str, ...]) -> d
         if mode == "auto":
             return None
         raise ValueError(
-            f"{READ_ENV}=ranges: {objects.url} is not a directory of <field>.npy files, the "
-            "only objects read in place (Parquet, Arrow, TFRecord, ArrayRecord and image "
-            f"folders are fetched whole); unset {READ_ENV} to fetch them into the cache"
+            f"{READ_ENV}=ranges: {objects.url} is not a directory of <field>.npy files nor "
+            "of Parquet objects, the only objects read in place (Arrow, TFRecord, ArrayRecord "
+            f"and image folders are fetched whole); unset {READ_ENV} to fetch them into the cache"
         )
     cache = BlockCache(cache_bytes() // 4)
     return {
