@@ -119,26 +119,7 @@ class _RowGroups:
         footers = list(self._cache.pool().map(self._footer, range(len(files))))
         self._metadata = [metadata for metadata, _ in footers]
         schemas = [(self._url(i), schema) for i, (_, schema) in enumerate(footers)]
-        widened = tables.schema_types(schemas)
-        self.columns: dict[str, tuple[np.dtype, tuple[int, ...]]] = {}
-        for field in schemas[0][1]:
-            fixed = tables.fixed_shape(field.type)
-            if fixed is None:
-                raise ValueError(
-                    f"{schemas[0][0]}, column {field.name!r} is {field.type}: read in place "
-                    "(by ranged reads) are numeric columns and fixed-size lists of them; set "
-                    f"{READ_ENV}=whole to fetch the objects into the cache (raise "
-                    f"{CACHE_BYTES_ENV} to hold them) and read them as local files, or leave "
-                    "the column out"
-                )
-            self.columns[field.name] = (widened.get(field.name, fixed[0]), fixed[1])
-        for where, schema in schemas[1:]:
-            if set(schema.names) != set(self.columns):
-                raise ValueError(
-                    f"{where} has the columns {sorted(schema.names)} where {schemas[0][0]} has "
-                    f"{sorted(self.columns)}: a split's files hold the same columns; write "
-                    "them again with one schema, or pass one kind's files (a list or a glob)"
-                )
+        self.columns = _columns(schemas)
         # Every non-empty row group in reading order: (file, group, its first row in the file).
         self._groups: list[tuple[int, int, int]] = []
         self.units: list[int] = []
@@ -152,7 +133,7 @@ class _RowGroups:
                 first += rows
         self._starts = np.cumsum([0, *self.units])
         self._row_bytes = sum(d.itemsize * int(np.prod(s)) for d, s in self.columns.values())
-        self._check(schemas)
+        self._check()
         self._recent: tuple[np.ndarray, dict[str, np.ndarray]] | None = None  # see `gather`
 
     def __getstate__(self) -> dict:
@@ -176,7 +157,7 @@ class _RowGroups:
     def _file(self, file: int, held: tuple[int, bytes] = (0, b"")) -> _RangedFile:
         return _RangedFile(self._objects, self._files[file], self._sizes[file], held)
 
-    def _check(self, schemas: list) -> None:
+    def _check(self) -> None:
         """Refuses, from the footers, a row group past the block cache's bound
         and a column the footer says holds nulls (the local copy refuses it)."""
         bound = self._cache.max_bytes
@@ -273,6 +254,45 @@ class _RowGroups:
         finally:
             self._cache.put(key, block, nbytes)
         return block
+
+
+def _columns(schemas: list[tuple[str, Any]]) -> dict[str, tuple[np.dtype, tuple[int, ...]]]:
+    """Each column's dtype (widened as the local copy widens it) and row shape,
+    in the first object's order, from every object's schema (``(url, schema)``).
+
+    Raises:
+      ValueError: a column whose rows' shape its type does not fix, objects
+        whose columns differ, or a column's shape that differs between them.
+    """
+    widened = tables.schema_types(schemas)
+    first, names = schemas[0][0], schemas[0][1].names
+    columns: dict[str, tuple[np.dtype, tuple[int, ...]]] = {}
+    for where, schema in schemas:
+        if set(schema.names) != set(names):
+            raise ValueError(
+                f"{where} has the columns {sorted(schema.names)} where {first} has "
+                f"{sorted(names)}: a split's files hold the same columns; write them again "
+                "with one schema, or pass one kind's files (a list or a glob)"
+            )
+        for field in schema:
+            fixed = tables.fixed_shape(field.type)
+            if fixed is None:
+                raise ValueError(
+                    f"{where}, column {field.name!r} is {field.type}: read in place (by ranged "
+                    "reads) are numeric columns and fixed-size lists of them; set "
+                    f"{READ_ENV}=whole to fetch the objects into the cache (raise "
+                    f"{CACHE_BYTES_ENV} to hold them) and read them as local files, or leave "
+                    "the column out"
+                )
+            dtype = widened.get(field.name, fixed[0])
+            shape = columns.setdefault(field.name, (dtype, fixed[1]))[1]
+            if fixed[1] != shape:
+                raise ValueError(
+                    f"{where}, column {field.name!r} holds rows of shape {fixed[1]} where "
+                    f"{first} holds rows of shape {shape}: a column's rows have one shape in "
+                    "every file; write them again with one schema"
+                )
+    return {name: columns[name] for name in names}
 
 
 def _span(chunk: Any) -> tuple[int, int]:

@@ -148,10 +148,10 @@ def test_an_object_changed_mid_training_is_refused_at_the_next_epoch(split):
         next(source.iter_epoch(1))
 
 
-def _put(split, prefix: str, table: pa.Table, **kwargs) -> str:
-    path = split["pqbig"].parent / f"{prefix}.parquet"
+def _put(split, prefix: str, table: pa.Table, name: str = "train-0", **kwargs) -> str:
+    path = split["pqbig"].parent / f"{prefix}-{name}.parquet"
     pq.write_table(table, path, **kwargs)
-    split["s3"].upload_file(str(path), BUCKET, f"{prefix}/train-0.parquet")
+    split["s3"].upload_file(str(path), BUCKET, f"{prefix}/{name}.parquet")
     return f"s3://{BUCKET}/{prefix}/"
 
 
@@ -167,6 +167,12 @@ def test_what_cannot_be_read_in_place_is_refused_by_name(split):
         url = _put(split, f"pq-{name}", pa.table({"a": rows, name: column}))
         with pytest.raises(ValueError, match=rf"column '{name}' is .*JAXFEED_READ=whole"):
             jaxfeed.load_dataset(url, storage_options=opts)
+    url = _put(split, "pq-shapes", pa.table({"a": rows}))
+    _put(split, "pq-shapes", pa.table({"a": pa.FixedSizeListArray.from_arrays(rows, 2)}), "train-1")
+    with pytest.raises(
+        ValueError, match=r"train-1\.parquet, column 'a' holds rows of shape \(2,\)"
+    ):
+        jaxfeed.load_dataset(url, storage_options=opts)
     url = _put(split, "pq-null", pa.table({"a": pa.array([1, None, 3] * 10, pa.int32())}))
     with pytest.raises(ValueError, match=r"pq-null/train-0\.parquet, column 'a' holds 10 nulls"):
         jaxfeed.load_dataset(url, storage_options=opts)
