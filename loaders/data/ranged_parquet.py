@@ -8,9 +8,11 @@ groups, in the order the local reader reads them. A row group, its columns
 alone, is one block: one ranged read of its column chunks, decoded by
 pyarrow as the local reader decodes it (`tables.column_values`), held in a
 `ranged_npy.BlockCache` (a quarter of ``JAXFEED_CACHE_BYTES`` per process
-that reads). A batch's rows are grouped by row group, several row groups
-read at once. The dataset's ``units`` are the row groups, as for the local
-copy, so ``shuffle="blocks"`` keeps its blocks inside them.
+that reads). A batch's rows are grouped by row group, the missing groups
+read in the cache's sliding window (`BlockCache.blocks`), and every column's
+rows gathered at once, so a group is read once per batch. The dataset's
+``units`` are the row groups, as for the local copy, so ``shuffle="blocks"``
+keeps its blocks inside them.
 
 Numeric columns and fixed-size lists of them are read in place; binary,
 string and variable-length list columns (the local copy makes bytes and
@@ -32,7 +34,7 @@ import numpy as np
 from jaxfeed.loaders.array_dataset import device_dtype, narrowed
 from jaxfeed.loaders.data.formats import tables
 from jaxfeed.loaders.data.formats.detect import locate
-from jaxfeed.loaders.data.ranged_npy import READ_ENV, READ_THREADS, READS, BlockCache
+from jaxfeed.loaders.data.ranged_npy import READ_ENV, READS, Block, BlockCache
 from jaxfeed.loaders.data.remote import CACHE_BYTES_ENV, RemoteObjects, cache_bytes
 
 __all__ = ["RangedParquet", "parquet_fields"]
@@ -203,37 +205,26 @@ class _RowGroups:
 
     def _gather(self, rows: np.ndarray) -> dict[str, np.ndarray]:
         """Every column's ``rows``, read a row group at a time: a batch's rows
-        of one group come from one block; at most `READ_THREADS` groups read
-        at once, and no more than the cache holds."""
+        of one group come from one block, the missing blocks read in the
+        cache's sliding window (`BlockCache.blocks`)."""
         out = {n: np.empty((len(rows), *s), d) for n, (d, s) in self.columns.items()}
         groups = np.searchsorted(self._starts, rows, side="right") - 1
         order = np.argsort(groups, kind="stable")
         needed, starts = np.unique(groups[order], return_index=True)
         wheres = np.split(order, starts[1:])
-        largest = max(self.units) * self._row_bytes
-        at_once = max(1, min(READ_THREADS, self._cache.max_bytes // max(1, largest)))
-        for first in range(0, len(needed), at_once):
-            chunk = needed[first : first + at_once]
-            read = self._cache.pool().map if len(chunk) > 1 else map
-            blocks = zip(chunk, read(self._block, chunk), wheres[first:], strict=False)
-            for group, block, where in blocks:
-                for name, array in out.items():
-                    array[where] = block[name][rows[where] - self._starts[group]]
+        for i, block in self._cache.blocks([self._block(int(g)) for g in needed]):
+            where = wheres[i]
+            for name, array in out.items():
+                array[where] = block[name][rows[where] - self._starts[needed[i]]]
         return out
 
-    def _block(self, index: int) -> _Block:
-        """Row group ``index`` (of all the split's), its columns decoded, cached or read now."""
-        from pyarrow import ArrowException, parquet
+    def _block(self, index: int) -> Block:
+        """Row group ``index`` (of all the split's): its columns, decoded."""
+        file, group, first = self._groups[index]
 
-        file, group, first = self._groups[int(index)]
-        key = (self._files[file], group)
-        found = self._cache.get(key)
-        if found is not None:
-            return found
-        nbytes = self.units[int(index)] * self._row_bytes
-        self._cache.reserve(nbytes)
-        block = None
-        try:
+        def read() -> _Block:
+            from pyarrow import ArrowException, parquet
+
             chunks = self._metadata[file].row_group(group)
             spans = [_span(chunks.column(c)) for c in range(chunks.num_columns)]
             start, end = min(s for s, _ in spans), max(e for _, e in spans)
@@ -251,9 +242,10 @@ class _RowGroups:
                 where = f"{self._url(file)}, column {name!r}"
                 values = tables.column_values(table.column(name).combine_chunks(), where, first)
                 block[name] = np.asarray(values).astype(dtype, copy=False)
-        finally:
-            self._cache.put(key, block, nbytes)
-        return block
+            return block
+
+        nbytes = self.units[index] * self._row_bytes
+        return Block((self._files[file], group), "big", nbytes, read)
 
 
 def _columns(schemas: list[tuple[str, Any]]) -> dict[str, tuple[np.dtype, tuple[int, ...]]]:
