@@ -11,6 +11,7 @@ Its modules are internal.
 - `remote`: datasets at URLs (``s3://``, ``gs://``, ...), fetched into the cache.
 - `object_cache`: the bounded cache of a store's objects.
 - `ranged_npy`: ``.npy`` objects read in place by ranged reads, through a bounded block cache.
+- `ranged_parquet`: Parquet objects read in place, a row group per ranged read, through that cache.
 - `superseded`: copies a newer one of the same source replaces.
 - `formats`: the user's files (TFRecord, ArrayRecord, Parquet, ...).
 """

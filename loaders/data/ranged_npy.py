@@ -77,7 +77,8 @@ def npy_fields(objects: RemoteObjects, split: str, splits: tuple[str, ...]) -> d
             return None
         raise ValueError(
             f"{READ_ENV}=ranges: {objects.url} is not a directory of <field>.npy files nor "
-            "of TFRecord shards, the only objects read in place (Parquet, Arrow, ArrayRecord "
+            "of Parquet objects or TFRecord shards, the only objects read in place (Arrow, "
+            "ArrayRecord "
             f"and image folders are fetched whole); unset {READ_ENV} to fetch them into the cache"
         )
     cache = BlockCache(cache_bytes() // 4)

@@ -14,14 +14,23 @@ file's values exactly (`common_types`), or refused naming both files.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from jaxfeed.loaders.data.formats.columns import common_dtype
 from jaxfeed.loaders.ragged_field import RaggedField
 
-__all__ = ["ARROW_MAGIC", "PARQUET_MAGIC", "column_values", "common_types", "table_batches"]
+__all__ = [
+    "ARROW_MAGIC",
+    "PARQUET_MAGIC",
+    "column_values",
+    "common_types",
+    "fixed_shape",
+    "schema_types",
+    "table_batches",
+]
 
 PARQUET_MAGIC = b"PAR1"
 ARROW_MAGIC = b"ARROW1"  # the file format; the stream format starts with 0xFFFFFFFF
@@ -51,10 +60,16 @@ def common_types(paths: Sequence[Path], kind: str) -> dict[str, np.dtype]:
         numbers in another; ints and floats; numbers and bytes), named with
         both files and both types; or a file that does not open as ``kind``.
     """
-    seen: dict[str, tuple[Path, object, str | None]] = {}  # name -> widest file, type, leaf
+    return schema_types((path, _schema(path, kind)) for path in paths)
+
+
+def schema_types(schemas: Iterable[tuple[object, Any]]) -> dict[str, np.dtype]:
+    """`common_types` of schemas already read: ``(file, schema)`` pairs, the
+    file (a path or an object's URL) named in errors."""
+    seen: dict[str, tuple[object, object, str | None]] = {}  # name -> widest file, type, leaf
     out: dict[str, np.dtype] = {}
-    for path in paths:
-        for field in _schema(path, kind):
+    for path, schema in schemas:
+        for field in schema:
             leaf = _leaf(field.type)
             if field.name not in seen:
                 seen[field.name] = (path, field.type, leaf)
@@ -107,6 +122,24 @@ def _leaf(kind) -> str | None:
     if pa.types.is_fixed_size_list(kind) or pa.types.is_list(kind) or pa.types.is_large_list(kind):
         return _leaf(kind.value_type)
     return None
+
+
+def fixed_shape(kind) -> tuple[np.dtype, tuple[int, ...]] | None:
+    """A column's dtype and row shape as `column_values` gives them, where
+    its type alone fixes them: numbers, and fixed-size lists of them (nested);
+    None for the rest (binary and string, lists whose rows may differ in
+    length, empty lists, types jaxfeed does not read)."""
+    import pyarrow as pa
+
+    shape = []
+    while pa.types.is_fixed_size_list(kind):
+        shape.append(kind.list_size)
+        kind = kind.value_type
+    if 0 in shape or not (
+        pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_boolean(kind)
+    ):
+        return None
+    return np.dtype(kind.to_pandas_dtype()), tuple(shape)
 
 
 def _named(kind) -> str:

@@ -102,15 +102,17 @@ def test_a_single_object_and_the_test_split(server, store):
     assert np.array_equal(test["x"], np.load(server["local"] / "npy" / "test" / "x.npy"))
 
 
+@pytest.mark.parametrize(("prefix", "kind"), [("npy/", "RangedNpy"), ("pq/", "RangedParquet")])
 @pytest.mark.parametrize("store", STORES)
-def test_rows_read_in_place_are_the_local_copys(server, store):
-    """``JAXFEED_READ=ranges``: each field's rows read by ranged requests."""
-    url, options = _at(server, store, "npy/")
-    want = _epochs(jaxfeed.make("numpy", dataset=str(server["local"] / "npy"), batch_size=16))
+def test_rows_read_in_place_are_the_local_copys(server, store, prefix, kind):
+    """``JAXFEED_READ=ranges``: each field's rows (a Parquet file's row
+    groups, its footer too) read by ranged requests."""
+    url, options = _at(server, store, prefix)
+    want = _epochs(jaxfeed.make("numpy", dataset=str(server["local"] / prefix), batch_size=16))
     with server["env"].context() as env:
         env.setenv("JAXFEED_READ", "ranges")
         source = jaxfeed.make("numpy", dataset=url, storage_options=options, batch_size=16)
-        assert type(source.dataset.arrays["x"]).__name__ == "RangedNpy"
+        assert {type(f).__name__ for f in source.dataset.arrays.values()} == {kind}
         assert _same(_epochs(source), want)
 
 

@@ -1,0 +1,191 @@
+"""A store's Parquet split bigger than the cache, read in place by ranged
+reads of row groups (loaders/data/ranged_parquet.py), against the moto S3
+server of test_object_storage.py on 127.0.0.1: the local copy's rows, dtypes
+and batches, the block cache within its bound, a changed object refused, and
+the columns and row groups it cannot serve refused by name."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from jaxfeed.loaders.data.ranged_parquet import RangedParquet
+from test_object_storage import BUCKET, _epochs, _same, store
+
+import jaxfeed
+
+__all__ = ["store"]  # the moto fixture, shared
+
+CACHE_BYTES = 24_000  # below the objects' size; each process holds 6,000 bytes of blocks
+
+
+def _table(rng: np.random.Generator, rows: int, first: int, wide: bool) -> pa.Table:
+    """Every kind of column read in place: a nested fixed-size list, a 64-bit
+    int and float (narrowed on the device), bools, and an int that is int16 in
+    one file and int32 in another (widened, as the local copy does)."""
+    x = pa.FixedSizeListArray.from_arrays(rng.normal(size=rows * 8).astype(np.float32), 4)
+    return pa.table(
+        {
+            "x": pa.FixedSizeListArray.from_arrays(x, 2),
+            "y": np.arange(first, first + rows, dtype=np.int64),
+            "z": rng.normal(size=rows),
+            "b": rng.integers(0, 2, rows).astype(bool),
+            "w": rng.integers(-300, 300, rows).astype(np.int32 if wide else np.int16),
+        }
+    )
+
+
+@pytest.fixture(scope="module")
+def split(store, tmp_path_factory):
+    """Parquet objects ``pqbig/{train,test}/part-*.parquet`` (train: two
+    objects, of 100- and 60-row groups) in the store and on local disk; the
+    cache bound below their size, its block cache (a quarter) one group."""
+    local = tmp_path_factory.mktemp("pqbig")
+    rng = np.random.default_rng(3)
+    parts = {"train/part-0": (200, 100, False), "train/part-1": (150, 60, True)}
+    parts["test/part-0"] = (100, 25, False)
+    for at, (name, (rows, group_rows, wide)) in enumerate(parts.items()):
+        (local / name).parent.mkdir(exist_ok=True)
+        pq.write_table(
+            _table(rng, rows, 1000 * at, wide), local / f"{name}.parquet", row_group_size=group_rows
+        )
+        store["s3"].upload_file(str(local / f"{name}.parquet"), BUCKET, f"pqbig/{name}.parquet")
+    size = sum(p.stat().st_size for p in local.rglob("*.parquet"))
+    assert size > CACHE_BYTES, size
+    with store["env"].context() as env:
+        env.setenv("JAXFEED_CACHE_BYTES", str(CACHE_BYTES))
+        yield {**store, "pqbig": local, "url": f"s3://{BUCKET}/pqbig/", "env": env}
+
+
+def _opts(store) -> dict:
+    return {"endpoint_url": store["endpoint"]}
+
+
+def _fetched_whole() -> list[Path]:
+    return list(Path(os.environ["JAXFEED_CACHE_DIR"]).glob("objects/*/*.parquet"))
+
+
+@pytest.mark.parametrize("read", ["ranges", "auto"])
+@pytest.mark.parametrize("shuffle", ["blocks", True])
+def test_a_split_past_the_cache_is_read_in_place(split, read, shuffle):
+    split["env"].setenv("JAXFEED_READ", read)
+    kwargs = {"batch_size": 64, "shuffle": shuffle}
+    local = jaxfeed.make("numpy", dataset=str(split["pqbig"]), **kwargs)
+    want = _epochs(local)
+    source = jaxfeed.make("numpy", dataset=split["url"], storage_options=_opts(split), **kwargs)
+    fields = source.dataset.arrays
+    assert all(isinstance(f, RangedParquet) for f in fields.values()), fields
+    assert source.dataset.units == local.dataset.units == (100, 100, 60, 60, 30)
+    for name, array in local.dataset.arrays.items():  # every row and dtype, byte for byte
+        assert fields[name].dtype == array.dtype and fields[name].shape == array.shape, name
+        assert np.asarray(fields[name]).tobytes() == np.asarray(array).tobytes(), name
+    assert _same(_epochs(source), want)
+    resumed = [dict(b) for b in source.iter_epoch(1, start=3)]
+    assert _same(resumed, want[len(want) // 2 + 3 :])
+    cache = fields["x"].cache
+    assert 0 < cache.peak_bytes <= cache.max_bytes == CACHE_BYTES // 4, cache.peak_bytes
+    assert _fetched_whole() == []
+
+
+def test_torch_and_grain_read_in_place_and_so_do_a_glob_and_the_test_split(split):
+    split["env"].setenv("JAXFEED_READ", "auto")
+    opts, kwargs = _opts(split), {"batch_size": 64, "shuffle": True}
+    want = _epochs(jaxfeed.make("numpy", dataset=str(split["pqbig"]), **kwargs))
+    for backend in ("torch", "grain"):
+        source = jaxfeed.make(backend, dataset=split["url"], storage_options=opts, **kwargs)
+        assert isinstance(source.dataset.arrays["y"], RangedParquet)
+        assert _same(_epochs(source), want), backend
+        resumed = [dict(b) for b in source.iter_epoch(1, start=2)]
+        assert _same(resumed, want[len(want) // 2 + 2 :]), backend
+        if hasattr(source, "close"):
+            source.close()
+    split["env"].setenv("JAXFEED_READ", "ranges")  # a glob's objects alone fit the cache
+    glob = f"{split['url']}train/part-*.parquet"
+    for remote, on_disk, kind in (
+        (split["url"], split["pqbig"], "test"),
+        (glob, split["pqbig"] / "train" / "part-*.parquet", "train"),
+    ):
+        want = _epochs(jaxfeed.make("numpy", dataset=str(on_disk), split=kind, **kwargs))
+        source = jaxfeed.make("numpy", dataset=remote, split=kind, storage_options=opts, **kwargs)
+        assert isinstance(source.dataset.arrays["y"], RangedParquet)
+        assert _same(_epochs(source), want), remote
+    assert _fetched_whole() == []
+
+
+@pytest.mark.slow  # two worker processes
+def test_torch_workers_read_in_place_too(split):
+    """Two torch workers, each opening the store itself (credentials from the
+    environment) with the footers it was sent, read the local copy's batches."""
+    split["env"].setenv("JAXFEED_READ", "ranges")
+    kwargs = {"batch_size": 32, "shuffle": "blocks"}
+    want = _epochs(jaxfeed.make("numpy", dataset=str(split["pqbig"]), **kwargs))
+    source = jaxfeed.make(
+        "torch", dataset=split["url"], storage_options=_opts(split), num_workers=2, **kwargs
+    )
+    try:
+        assert isinstance(source.dataset.arrays["x"], RangedParquet)
+        assert _same(_epochs(source), want)
+        resumed = [dict(b) for b in source.iter_epoch(1, start=3)]
+        assert _same(resumed, want[len(want) // 2 + 3 :])
+    finally:
+        source.close()
+
+
+def test_an_object_changed_mid_training_is_refused_at_the_next_epoch(split):
+    split["env"].setenv("JAXFEED_READ", "ranges")
+    s3, key = split["s3"], "pq-changing/train/part-0.parquet"
+    s3.upload_file(str(split["pqbig"] / "train" / "part-0.parquet"), BUCKET, key)
+    source = jaxfeed.make(
+        "numpy", dataset=f"s3://{BUCKET}/pq-changing/", storage_options=_opts(split), batch_size=64
+    )
+    list(source.iter_epoch(0))
+    s3.upload_file(str(split["pqbig"] / "train" / "part-1.parquet"), BUCKET, key)
+    with pytest.raises(ValueError, match=r"pq-changing/train/part-0\.parquet changed after the"):
+        next(source.iter_epoch(1))
+
+
+def _put(split, prefix: str, table: pa.Table, name: str = "train-0", **kwargs) -> str:
+    path = split["pqbig"].parent / f"{prefix}-{name}.parquet"
+    pq.write_table(table, path, **kwargs)
+    split["s3"].upload_file(str(path), BUCKET, f"{prefix}/{name}.parquet")
+    return f"s3://{BUCKET}/{prefix}/"
+
+
+def test_what_cannot_be_read_in_place_is_refused_by_name(split):
+    split["env"].setenv("JAXFEED_READ", "ranges")
+    opts = _opts(split)
+    rows = np.arange(40, dtype=np.int32)
+    kinds = {
+        "s": pa.array([str(i) for i in range(40)]),
+        "v": pa.array([[1.0] * (1 + i % 3) for i in range(40)], pa.list_(pa.float32())),
+    }
+    for name, column in kinds.items():
+        url = _put(split, f"pq-{name}", pa.table({"a": rows, name: column}))
+        with pytest.raises(ValueError, match=rf"column '{name}' is .*JAXFEED_READ=whole"):
+            jaxfeed.load_dataset(url, storage_options=opts)
+    url = _put(split, "pq-shapes", pa.table({"a": rows}))
+    _put(split, "pq-shapes", pa.table({"a": pa.FixedSizeListArray.from_arrays(rows, 2)}), "train-1")
+    with pytest.raises(
+        ValueError, match=r"train-1\.parquet, column 'a' holds rows of shape \(2,\)"
+    ):
+        jaxfeed.load_dataset(url, storage_options=opts)
+    url = _put(split, "pq-null", pa.table({"a": pa.array([1, None, 3] * 10, pa.int32())}))
+    with pytest.raises(ValueError, match=r"pq-null/train-0\.parquet, column 'a' holds 10 nulls"):
+        jaxfeed.load_dataset(url, storage_options=opts)
+    url = _put(split, "pq-groups", pa.table({"a": np.zeros(1000)}), row_group_size=1000)
+    with pytest.raises(
+        ValueError,
+        match=r"row group 0: 1000 rows of 8 bytes, 8000 bytes, past the block cache's "
+        r"bound of 6000 bytes",
+    ):
+        jaxfeed.load_dataset(url, storage_options=opts)
+    split["s3"].put_object(Bucket=BUCKET, Key="pq-bad/train-0.parquet", Body=b"not parquet" * 10)
+    with pytest.raises(ValueError, match=r"pq-bad/train-0\.parquet is not a readable parquet"):
+        jaxfeed.load_dataset(f"s3://{BUCKET}/pq-bad/", storage_options=opts)
+    split["env"].setenv("JAXFEED_READ", "whole")  # fetched: its bound refuses the split
+    with pytest.raises(ValueError, match=r"more than its bound of 24,000 bytes"):
+        jaxfeed.load_dataset(split["url"], storage_options=opts)
