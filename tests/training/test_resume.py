@@ -362,13 +362,12 @@ def test_a_damaged_newest_checkpoint_falls_back_and_ends_bit_identical(
     for file in (directory / "16" / "state").rglob("*"):
         if file.is_file() and file.parent.name == "d":  # the OCDBT files holding the values
             damage(file)
-    resumed_from, params, output = _resume(directory)
+    _, params, output = _resume(directory)
     assert re.search(
         r"jaxfeed: warning: step 16: .*/16/state (is unreadable|does not match).*; resuming "
         r"from step 12 instead",
         output,
     ), output
-    assert resumed_from == 12
     _assert_bit_identical(params, reference(), f"resumed from step 12 ({damage.__name__})")
 
 
