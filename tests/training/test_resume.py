@@ -18,6 +18,7 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -25,7 +26,11 @@ import pytest
 from backend_helpers import free_port
 from resume_worker import train_in_process
 
-from jaxfeed.training.checkpoint import latest
+from jaxfeed.training.checkpoint import (
+    CheckpointFallbackWarning,
+    TopologyChangedWarning,
+    latest,
+)
 
 # Subprocesses, kills and whole training runs: the full suite (CI) runs it, the
 # quick tier (-m "not slow") does not.
@@ -106,41 +111,47 @@ def _end(children: list[subprocess.Popen]) -> None:
         child.wait(timeout=HARD_TIMEOUT)
 
 
-def _train_to_the_end(log: Path, *args: str) -> str:
-    """``jaxfeed train ARGS`` in a fresh process (8 devices), which must exit 0; its output."""
-    (output,) = _finish([_start(_train(*args), log)], [log])
-    return output
-
-
 def _log(path: Path) -> str:
     return path.read_text()[-3000:]
 
 
+# What an uninterrupted run does without these flags: a reference run with them is
+# the run without them, trained once.
+DEFAULTS = {"--loader": "numpy", "--devices": "8", "--steps-per-transfer": "1"}
+
+
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
-    """Final parameters of uninterrupted runs, by their extra arguments (cached)."""
-    cache: dict[tuple[str, ...], dict[str, np.ndarray]] = {}
+    """Final parameters of uninterrupted runs, by their extra flags and values (cached)."""
+    cache: dict[tuple[tuple[str, str], ...], dict[str, np.ndarray]] = {}
 
     def get(*args: str) -> dict[str, np.ndarray]:
-        if args not in cache:
+        pairs = list(zip(args[::2], args[1::2], strict=True))
+        key = tuple((flag, value) for flag, value in pairs if DEFAULTS.get(flag) != value)
+        if key not in cache:
             path = tmp_path_factory.mktemp("reference") / "params.npz"
-            status, _, err = train_in_process(*RUN, *args, "--save-params", str(path))
+            flags = [part for pair in key for part in pair]
+            status, _, err = train_in_process(*RUN, *flags, "--save-params", str(path))
             assert status == 0, err
-            cache[args] = _params(path)
-        return cache[args]
+            cache[key] = _params(path)
+        return cache[key]
 
     return get
 
 
-def _resume(directory: Path, *args: str) -> tuple[int, dict[str, np.ndarray]]:
-    """Resumes in this process; the step it resumed from, and the final parameters."""
+def _resume(directory: Path, *args: str) -> tuple[int, dict[str, np.ndarray], str]:
+    """Resumes in this process; the step it resumed from, the final parameters, and
+    what it printed (the warnings of a fallback or of another layout shown, not raised)."""
     path = directory.parent / "resumed.npz"
     argv = [*RUN, *args, "--checkpoint-dir", str(directory), "--resume", "--save-params", path]
-    status, out, err = train_in_process(*map(str, argv))
+    with warnings.catch_warnings():
+        warnings.simplefilter("default", CheckpointFallbackWarning)
+        warnings.simplefilter("default", TopologyChangedWarning)
+        status, out, err = train_in_process(*map(str, argv))
     assert status == 0, err
     resumed = re.search(r"resuming from step (\d+) ", out)
     assert resumed, out
-    return int(resumed[1]), _params(path)
+    return int(resumed[1]), _params(path), out + err
 
 
 # A covering design, not the full cross product (each case is a killed run, a
@@ -180,7 +191,7 @@ def test_kill_9_mid_epoch_then_resume_is_bit_identical(
         _end([child])
     assert child.returncode == -signal.SIGKILL, _log(log)
 
-    resumed_from, params = _resume(directory, *args)
+    resumed_from, params, _ = _resume(directory, *args)
     context = f"killed after step {target}, resumed from step {resumed_from}"
     assert target <= resumed_from < STEPS, context
     _assert_bit_identical(params, reference(*args), context)
@@ -212,7 +223,7 @@ def test_kill_during_a_save_resumes_from_the_last_complete_checkpoint(tmp_path, 
         _end([child])
     assert _steps(directory)[-1] == blocked - 4
 
-    resumed_from, params = _resume(directory, "--devices", "1")
+    resumed_from, params, _ = _resume(directory, "--devices", "1")
     assert resumed_from == blocked - 4
     assert not partial.exists()  # cleaned up by the resumed run
     _assert_bit_identical(params, reference("--devices", "1"), f"save of step {blocked} killed")
@@ -250,7 +261,7 @@ def test_a_signal_saves_a_checkpoint_of_its_step_exits_and_resumes(
     assert stopped, output
     assert latest(directory)["step"] == int(stopped[1])
 
-    resumed_from, params = _resume(directory, "--devices", "1")
+    resumed_from, params, _ = _resume(directory, "--devices", "1")
     assert resumed_from == int(stopped[1])
     _assert_bit_identical(params, reference("--devices", "1"), stopped[0])
 
@@ -320,15 +331,26 @@ def _truncate(path: Path) -> None:
 
 @pytest.fixture(scope="module")
 def one_epoch_checkpoints(tmp_path_factory) -> Path:
-    """Checkpoints of a one-epoch run (steps 6, 12, 16): trained once, each test damages a copy."""
-    parent = tmp_path_factory.mktemp("one-epoch")
-    directory = parent / "checkpoints"
-    _train_to_the_end(
-        parent / "first.log",
-        *("--epochs", "1", *RUN[2:], "--checkpoint-dir", str(directory), "--checkpoint-every", "6"),
+    """Checkpoints of a one-epoch run on one process (steps 6, 12, 16): trained once,
+    each test resumes (or damages) a copy."""
+    directory = tmp_path_factory.mktemp("one-epoch") / "checkpoints"
+    status, _, err = train_in_process(
+        "--epochs", "1", *RUN[2:], "--checkpoint-dir", str(directory), "--checkpoint-every", "6"
     )
+    assert status == 0, err
     assert _steps(directory) == [6, 12, 16]
     return directory
+
+
+@pytest.fixture(scope="module")
+def two_process_run(tmp_path_factory) -> Path:
+    """A one-epoch run of 2 processes x 128 rows (16 steps, as RUN's), trained once: its
+    directory holds its checkpoints (the epoch's end) and its final parameters."""
+    parent = tmp_path_factory.mktemp("two-processes")
+    _finish(*_job(parent, "two", "--epochs", "1", "--batch-size", "128",
+                  "--checkpoint-dir", str(parent / "checkpoints"),
+                  "--save-params", str(parent / "params.npz")))  # fmt: skip
+    return parent
 
 
 @pytest.mark.parametrize("damage", [_flip_bytes, _truncate], ids=["flipped", "truncated"])
@@ -340,31 +362,23 @@ def test_a_damaged_newest_checkpoint_falls_back_and_ends_bit_identical(
     for file in (directory / "16" / "state").rglob("*"):
         if file.is_file() and file.parent.name == "d":  # the OCDBT files holding the values
             damage(file)
-    params = tmp_path / "resumed.npz"
-    output = _train_to_the_end(
-        tmp_path / "resumed.log",
-        *(*RUN, "--checkpoint-dir", str(directory), "--resume", "--save-params", str(params)),
-    )
+    _, params, output = _resume(directory)
     assert re.search(
         r"jaxfeed: warning: step 16: .*/16/state (is unreadable|does not match).*; resuming "
         r"from step 12 instead",
         output,
     ), output
-    _assert_bit_identical(_params(params), reference(), f"resumed from step 12 ({damage.__name__})")
+    _assert_bit_identical(params, reference(), f"resumed from step 12 ({damage.__name__})")
 
 
-def test_a_two_process_checkpoint_resumes_on_one_process(tmp_path, reference):
+def test_a_two_process_checkpoint_resumes_on_one_process(tmp_path, reference, two_process_run):
     # Elastic: 2 processes x 128 rows, then 1 x 256: the same global batches go on.
     directory = tmp_path / "checkpoints"
-    _finish(*_job(tmp_path, "two", "--epochs", "1", "--batch-size", "128",
-                  "--checkpoint-dir", str(directory)))  # fmt: skip
-    params = tmp_path / "resumed.npz"
-    output = _train_to_the_end(
-        tmp_path / "one.log",
-        *(*RUN, "--checkpoint-dir", str(directory), "--resume", "--save-params", str(params)),
-    )
+    shutil.copytree(two_process_run / "checkpoints", directory)
+    resumed_from, params, output = _resume(directory)
+    assert resumed_from == STEPS_PER_EPOCH
     _assert_topology_said(output, now=(1, 8), written=(2, 4))
-    _assert_within_rounding(_params(params), reference())
+    _assert_within_rounding(params, reference())
 
 
 def _assert_topology_said(output: str, now: tuple[int, int], written: tuple[int, int]) -> None:
@@ -381,12 +395,12 @@ def _assert_within_rounding(got: dict[str, np.ndarray], want: dict[str, np.ndarr
         assert np.max(np.abs(got[key] - want[key])) <= 1e-5 * np.max(np.abs(want[key])), key
 
 
-def test_a_one_process_checkpoint_resumes_on_two_processes(tmp_path, reference):
+def test_a_one_process_checkpoint_resumes_on_two_processes(
+    tmp_path, reference, one_epoch_checkpoints
+):
     # Elastic the other way: 1 process x 256 rows, then 2 x 128.
     directory, params = tmp_path / "checkpoints", tmp_path / "resumed.npz"
-    _train_to_the_end(
-        tmp_path / "one.log", "--epochs", "1", *RUN[2:], "--checkpoint-dir", str(directory)
-    )
+    shutil.copytree(one_epoch_checkpoints, directory)  # resumed from its newest: step 16
     outputs = _finish(*_job(tmp_path, "two", "--epochs", "2", "--batch-size", "128",
                             "--checkpoint-dir", str(directory), "--resume",
                             "--save-params", str(params)))  # fmt: skip
@@ -397,12 +411,11 @@ def test_a_one_process_checkpoint_resumes_on_two_processes(tmp_path, reference):
 
 
 @pytest.mark.slow
-def test_two_processes_killed_mid_epoch_resume_to_the_same_parameters(tmp_path):
+def test_two_processes_killed_mid_epoch_resume_to_the_same_parameters(tmp_path, two_process_run):
     # Global batch 256 = 128 per process: 16 steps per epoch, as above.
     run = ["--epochs", "1", "--batch-size", "128"]
     directory = tmp_path / "checkpoints"
     checkpoints = ["--checkpoint-dir", str(directory), "--checkpoint-every", "2"]
-    _finish(*_job(tmp_path, "reference", *run, "--save-params", str(tmp_path / "reference.npz")))
 
     target = random.choice(range(3, STEPS_PER_EPOCH - 2))
     children, _ = _job(tmp_path, "killed", *run, *checkpoints)
@@ -421,7 +434,7 @@ def test_two_processes_killed_mid_epoch_resume_to_the_same_parameters(tmp_path):
         found = re.search(rf"\[process {i}\] resuming from step (\d+) ", output)
         assert found and target <= int(found[1]) < STEPS_PER_EPOCH, output
     context = f"both killed after step {target}"
-    _assert_bit_identical(_params(resumed), _params(tmp_path / "reference.npz"), context)
+    _assert_bit_identical(_params(resumed), _params(two_process_run / "params.npz"), context)
 
     # One process with the same per-process batch has another global batch: refused.
     status, _, err = train_in_process(*run, "--checkpoint-dir", str(directory), "--resume")
@@ -480,7 +493,7 @@ def test_sigterm_to_a_run_with_workers_resumes_bit_identical_and_leaves_no_proce
     assert _left_behind(output) == 0, output  # no semaphore or shared memory left
     _assert_group_gone(child.pid)
 
-    resumed_from, params = _resume(directory, *args)
+    resumed_from, params, _ = _resume(directory, *args)
     assert resumed_from == int(stopped[1])
     _assert_bit_identical(params, reference(*args), stopped[0])
 
