@@ -42,6 +42,7 @@ __all__ = [
     "RangedNpy",
     "ReadDepth",
     "npy_fields",
+    "read_mode",
 ]
 
 READ_ENV = "JAXFEED_READ"
@@ -51,6 +52,21 @@ SMALL_BYTES = 64 << 10  # a scattered row's read: a big block would be mostly wa
 SHARED_ROWS = 2  # a batch with fewer rows per big block than this reads small blocks
 HEADER_BYTES = 64 << 10  # read first: every header numpy writes for a field fits
 DEPTH_FLOOR, DEPTH_CEILING = 4, 64  # reads in flight, whatever `ReadDepth` measures
+
+
+def read_mode(objects: RemoteObjects) -> str | None:
+    """`READ_ENV`'s choice for ``objects``: ``"ranges"`` (read in place, or
+    refused), ``"auto"`` (in place where the format allows: they do not fit
+    the cache), or None (fetched whole: ``whole``, or ``auto`` and they fit).
+
+    Raises:
+      ValueError: an unknown `READ_ENV` value.
+    """
+    mode = os.environ.get(READ_ENV, "") or "auto"
+    if mode not in READS:
+        raise ValueError(f"{READ_ENV}={mode!r}: expected one of {list(READS)}")
+    fits = sum(v.size for v in objects.made_from.values()) <= cache_bytes()
+    return None if mode == "whole" or (mode == "auto" and fits) else mode
 
 
 def npy_fields(objects: RemoteObjects, split: str, splits: tuple[str, ...]) -> dict | None:
@@ -63,15 +79,10 @@ def npy_fields(objects: RemoteObjects, split: str, splits: tuple[str, ...]) -> d
         directory, or an unknown value; an object that is no readable ``.npy``.
       MissingSplitError: the directory holds ``.npy`` data but not ``split``.
     """
-    mode = os.environ.get(READ_ENV, "") or "auto"
-    if mode not in READS:
-        raise ValueError(f"{READ_ENV}={mode!r}: expected one of {list(READS)}")
-    listed = objects.made_from
-    if mode == "whole" or (
-        mode == "auto" and sum(v.size for v in listed.values()) <= cache_bytes()
-    ):
+    mode = read_mode(objects)
+    if mode is None:
         return None
-    files = _split_files(objects.url, listed, split, splits)
+    files = _split_files(objects.url, objects.made_from, split, splits)
     if files is None:
         if mode == "auto":
             return None

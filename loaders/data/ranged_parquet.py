@@ -24,7 +24,6 @@ the worker opens the store itself (`RemoteObjects.read`).
 from __future__ import annotations
 
 import io
-import os
 import tempfile
 import warnings
 from pathlib import Path
@@ -34,7 +33,7 @@ import numpy as np
 from jaxfeed.loaders.array_dataset import device_dtype, narrowed
 from jaxfeed.loaders.data.formats import tables
 from jaxfeed.loaders.data.formats.detect import locate
-from jaxfeed.loaders.data.ranged_npy import READ_ENV, READS, Block, BlockCache
+from jaxfeed.loaders.data.ranged_npy import READ_ENV, Block, BlockCache, read_mode
 from jaxfeed.loaders.data.remote import CACHE_BYTES_ENV, RemoteObjects, cache_bytes
 
 __all__ = ["RangedParquet", "parquet_fields"]
@@ -56,15 +55,12 @@ def parquet_fields(
         as local files would be (named by URL).
       MissingSplitError: the objects hold other splits but not ``split``.
     """
-    mode = os.environ.get(READ_ENV, "") or "auto"
-    if mode not in READS:
-        raise ValueError(f"{READ_ENV}={mode!r}: expected one of {list(READS)}")
-    listed = objects.made_from
     if (
-        format not in (None, "parquet")
-        or mode == "whole"
-        or (mode == "auto" and sum(v.size for v in listed.values()) <= cache_bytes())
-        or not all(_parquet_or_none(r or objects.path, v.size) for r, v in listed.items())
+        read_mode(objects) is None
+        or format not in (None, "parquet")
+        or not all(
+            _parquet_or_none(r or objects.path, v.size) for r, v in objects.made_from.items()
+        )
     ):
         return None
     groups = _RowGroups(objects, _split_objects(objects, split, splits, format))

@@ -27,7 +27,6 @@ import collections
 import concurrent.futures
 import hashlib
 import json
-import os
 import struct
 import threading
 from collections.abc import Iterator, Mapping
@@ -47,7 +46,7 @@ from jaxfeed.loaders.data.formats.example import (
 from jaxfeed.loaders.data.formats.tfrecord import GZIP_MAGIC, framed_records, masked_crc32c
 from jaxfeed.loaders.data.object_cache import entry_key
 from jaxfeed.loaders.data.on_disk import MissingSplitError
-from jaxfeed.loaders.data.ranged_npy import BLOCK_BYTES, READ_ENV, READS, Block, BlockCache
+from jaxfeed.loaders.data.ranged_npy import BLOCK_BYTES, READ_ENV, Block, BlockCache, read_mode
 from jaxfeed.loaders.data.remote import FETCH_THREADS, RemoteObjects, cache_bytes
 
 __all__ = ["INDEX_DIR", "RangedExamples", "tfrecord_fields"]
@@ -75,13 +74,8 @@ def tfrecord_fields(
         with the record and byte), as the local reader says.
       MissingSplitError: the shards hold other splits but not ``split``.
     """
-    mode = os.environ.get(READ_ENV, "") or "auto"
-    listed = objects.made_from
-    if mode not in READS:
-        raise ValueError(f"{READ_ENV}={mode!r}: expected one of {list(READS)}")
-    if mode == "whole":
-        return None
-    if mode == "auto" and sum(v.size for v in listed.values()) <= cache_bytes():
+    mode = read_mode(objects)
+    if mode is None:
         return None
     shards = _split_shards(objects, split, splits)
     if shards is None:
