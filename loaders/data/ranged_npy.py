@@ -40,6 +40,7 @@ __all__ = [
     "SMALL_BYTES",
     "BlockCache",
     "RangedNpy",
+    "RangedRows",
     "ReadDepth",
     "npy_fields",
     "read_mode",
@@ -295,7 +296,50 @@ class Block(NamedTuple):
     read: Callable[[], np.ndarray]
 
 
-class RangedNpy:
+class RangedRows:
+    """What a field read in place shares (`RangedNpy`, and the Parquet and
+    TFRecord fields): rows indexed as an array's are (an int, a slice, an
+    array of ints or bools), gathered by the field's ``_gather`` and served
+    as the device takes them (`_served`). Needs ``shape``, ``dtype``, ``url``."""
+
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    url: str
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        rows = self[:]
+        return rows if dtype is None else rows.astype(dtype)
+
+    def __getitem__(self, index: Any) -> np.ndarray:
+        if isinstance(index, int | np.integer):
+            return self[np.asarray([index])][0]
+        if isinstance(index, slice):
+            index = np.arange(*index.indices(len(self)))
+        index = np.asarray(index)
+        if index.dtype == np.bool_:
+            index = np.flatnonzero(index)
+        if index.dtype.kind not in "iu":
+            raise IndexError(f"{self!r}: rows are indexed by ints, slices or arrays of them")
+        flat = np.where(index < 0, index + len(self), index).astype(np.int64).reshape(-1)
+        if len(flat) and (flat.min() < 0 or flat.max() >= len(self)):
+            raise IndexError(f"{self!r}: row index out of range 0..{len(self) - 1}")
+        return self._served(self._gather(flat).reshape(*index.shape, *self.shape[1:]))
+
+    def _gather(self, rows: np.ndarray) -> np.ndarray:
+        raise NotImplementedError
+
+    def _served(self, rows: np.ndarray) -> np.ndarray:
+        return narrowed(rows, self.dtype, self.url)
+
+
+class RangedNpy(RangedRows):
     """One ``.npy`` object's rows, read in place (a `RemoteField`; see the module).
 
     Raises:
@@ -341,37 +385,13 @@ class RangedNpy:
         row_bytes = max(1, self._row_bytes)
         self._block_rows = {"small": max(1, small // row_bytes), "big": max(1, big // row_bytes)}
 
-    @property
-    def ndim(self) -> int:
-        return len(self.shape)
-
-    def __len__(self) -> int:
-        return self.shape[0]
-
     def __repr__(self) -> str:
         return f"RangedNpy({self.url!r}, {self.dtype} {list(self.shape)})"
 
-    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
-        rows = self[:]
-        return rows if dtype is None else rows.astype(dtype)
-
-    def __getitem__(self, index: Any) -> np.ndarray:
-        if isinstance(index, int | np.integer):
-            return self[np.asarray([index])][0]
-        if isinstance(index, slice):
-            index = np.arange(*index.indices(len(self)))
-        index = np.asarray(index)
-        if index.dtype == np.bool_:
-            index = np.flatnonzero(index)
-        if index.dtype.kind not in "iu":
-            raise IndexError(f"{self!r}: rows are indexed by ints, slices or arrays of them")
-        flat = np.where(index < 0, index + len(self), index).astype(np.int64).reshape(-1)
-        if len(flat) and (flat.min() < 0 or flat.max() >= len(self)):
-            raise IndexError(f"{self!r}: row index out of range 0..{len(self) - 1}")
-        out = self._gather(flat).reshape(*index.shape, *self.shape[1:])
-        if not out.dtype.isnative:
-            out = out.astype(out.dtype.newbyteorder("="))
-        return narrowed(out, self.dtype, self.url)
+    def _served(self, rows: np.ndarray) -> np.ndarray:
+        if not rows.dtype.isnative:
+            rows = rows.astype(rows.dtype.newbyteorder("="))
+        return super()._served(rows)
 
     def _gather(self, rows: np.ndarray) -> np.ndarray:
         """``rows``, read a block at a time (see the module): a batch's rows of

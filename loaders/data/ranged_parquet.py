@@ -33,7 +33,7 @@ import numpy as np
 from jaxfeed.loaders.array_dataset import device_dtype, narrowed
 from jaxfeed.loaders.data.formats import tables
 from jaxfeed.loaders.data.formats.detect import locate
-from jaxfeed.loaders.data.ranged_npy import READ_ENV, Block, BlockCache, read_mode
+from jaxfeed.loaders.data.ranged_npy import READ_ENV, Block, BlockCache, RangedRows, read_mode
 from jaxfeed.loaders.data.remote import CACHE_BYTES_ENV, RemoteObjects, cache_bytes
 
 __all__ = ["RangedParquet", "parquet_fields"]
@@ -336,7 +336,7 @@ class _RangedFile(io.RawIOBase):
         return end - start
 
 
-class RangedParquet:
+class RangedParquet(RangedRows):
     """One column of a store's Parquet split, read in place (a `RemoteField`;
     see the module)."""
 
@@ -347,36 +347,14 @@ class RangedParquet:
         self.dtype = device_dtype(stored)
         self.nbytes = groups.rows * self.dtype.itemsize * int(np.prod(row))
 
-    @property
-    def ndim(self) -> int:
-        return len(self.shape)
-
-    def __len__(self) -> int:
-        return self.shape[0]
-
     def __repr__(self) -> str:
         return f"RangedParquet({self.url!r}, {self.name!r}, {self.dtype} {list(self.shape)})"
 
-    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
-        rows = self[:]
-        return rows if dtype is None else rows.astype(dtype)
+    def _gather(self, rows: np.ndarray) -> np.ndarray:
+        return self._groups.gather(self.name, rows)
 
-    def __getitem__(self, index: Any) -> np.ndarray:
-        # Indexed as `RangedNpy` is: an int, a slice, an array of ints or bools.
-        if isinstance(index, int | np.integer):
-            return self[np.asarray([index])][0]
-        if isinstance(index, slice):
-            index = np.arange(*index.indices(len(self)))
-        index = np.asarray(index)
-        if index.dtype == np.bool_:
-            index = np.flatnonzero(index)
-        if index.dtype.kind not in "iu":
-            raise IndexError(f"{self!r}: rows are indexed by ints, slices or arrays of them")
-        flat = np.where(index < 0, index + len(self), index).astype(np.int64).reshape(-1)
-        if len(flat) and (flat.min() < 0 or flat.max() >= len(self)):
-            raise IndexError(f"{self!r}: row index out of range 0..{len(self) - 1}")
-        out = self._groups.gather(self.name, flat).reshape(*index.shape, *self.shape[1:])
-        return narrowed(out, self.dtype, f"{self.url}, column {self.name!r}")
+    def _served(self, rows: np.ndarray) -> np.ndarray:
+        return narrowed(rows, self.dtype, f"{self.url}, column {self.name!r}")
 
     @property
     def cache(self) -> BlockCache:

@@ -31,10 +31,9 @@ import struct
 import threading
 from collections.abc import Iterator, Mapping
 from pathlib import Path, PurePosixPath
-from typing import Any
 
 import numpy as np
-from jaxfeed.loaders.array_dataset import device_dtype, narrowed
+from jaxfeed.loaders.array_dataset import device_dtype
 from jaxfeed.loaders.data.cache import build_once, cache_root
 from jaxfeed.loaders.data.formats.detect import named_split
 from jaxfeed.loaders.data.formats.example import (
@@ -46,7 +45,14 @@ from jaxfeed.loaders.data.formats.example import (
 from jaxfeed.loaders.data.formats.tfrecord import GZIP_MAGIC, framed_records, masked_crc32c
 from jaxfeed.loaders.data.object_cache import entry_key
 from jaxfeed.loaders.data.on_disk import MissingSplitError
-from jaxfeed.loaders.data.ranged_npy import BLOCK_BYTES, READ_ENV, Block, BlockCache, read_mode
+from jaxfeed.loaders.data.ranged_npy import (
+    BLOCK_BYTES,
+    READ_ENV,
+    Block,
+    BlockCache,
+    RangedRows,
+    read_mode,
+)
 from jaxfeed.loaders.data.remote import FETCH_THREADS, RemoteObjects, cache_bytes
 
 __all__ = ["INDEX_DIR", "RangedExamples", "tfrecord_fields"]
@@ -356,7 +362,7 @@ def _records(url: str, data: bytes, offset: int) -> list[tuple[str, bytes]]:
     return records
 
 
-class RangedExamples:
+class RangedExamples(RangedRows):
     """One numeric feature of a split's TFRecord shards, read in place (a
     `RemoteField`; see the module)."""
 
@@ -369,35 +375,8 @@ class RangedExamples:
         self.dtype = device_dtype(self._stored)
         self.nbytes = shards.rows * width * self.dtype.itemsize
 
-    @property
-    def ndim(self) -> int:
-        return len(self.shape)
-
-    def __len__(self) -> int:
-        return self.shape[0]
-
     def __repr__(self) -> str:
         return f"RangedExamples({self.url!r}, {self.dtype} {list(self.shape)})"
-
-    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
-        rows = self[:]
-        return rows if dtype is None else rows.astype(dtype)
-
-    def __getitem__(self, index: Any) -> np.ndarray:
-        if isinstance(index, int | np.integer):
-            return self[np.asarray([index])][0]
-        if isinstance(index, slice):
-            index = np.arange(*index.indices(len(self)))
-        index = np.asarray(index)
-        if index.dtype == np.bool_:
-            index = np.flatnonzero(index)
-        if index.dtype.kind not in "iu":
-            raise IndexError(f"{self!r}: rows are indexed by ints, slices or arrays of them")
-        flat = np.where(index < 0, index + len(self), index).astype(np.int64).reshape(-1)
-        if len(flat) and (flat.min() < 0 or flat.max() >= len(self)):
-            raise IndexError(f"{self!r}: row index out of range 0..{len(self) - 1}")
-        out = self._gather(flat).reshape(*index.shape, *self.shape[1:])
-        return narrowed(out, self.dtype, self.url)
 
     def _gather(self, rows: np.ndarray) -> np.ndarray:
         return self._shards.gather(rows, self._name)
