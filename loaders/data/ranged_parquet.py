@@ -113,8 +113,8 @@ class _RowGroups:
         self.url = objects.url
         self._objects, self._files = objects, files
         self._sizes = [objects.made_from[r].size for r in files]
-        self._cache = BlockCache(cache_bytes() // 4)
-        footers = list(self._cache.pool().map(self._footer, range(len(files))))
+        self.cache = BlockCache(cache_bytes() // 4)
+        footers = list(self.cache.pool().map(self._footer, range(len(files))))
         self._metadata = [metadata for metadata, _ in footers]
         schemas = [(self._url(i), schema) for i, (_, schema) in enumerate(footers)]
         self.columns = _columns(schemas)
@@ -158,7 +158,7 @@ class _RowGroups:
     def _check(self) -> None:
         """Refuses, from the footers, a row group past the block cache's bound
         and a column the footer says holds nulls (the local copy refuses it)."""
-        bound = self._cache.max_bytes
+        bound = self.cache.max_bytes
         for (file, group, _), rows in zip(self._groups, self.units, strict=True):
             if rows * self._row_bytes > bound:
                 raise ValueError(
@@ -208,7 +208,7 @@ class _RowGroups:
         order = np.argsort(groups, kind="stable")
         needed, starts = np.unique(groups[order], return_index=True)
         wheres = np.split(order, starts[1:])
-        for i, block in self._cache.blocks([self._block(int(g)) for g in needed]):
+        for i, block in self.cache.blocks([self._block(int(g)) for g in needed]):
             where = wheres[i]
             for name, array in out.items():
                 array[where] = block[name][rows[where] - self._starts[needed[i]]]
@@ -359,4 +359,4 @@ class RangedParquet(RangedRows):
     @property
     def cache(self) -> BlockCache:
         """The block cache the split's fields share in this process."""
-        return self._groups._cache
+        return self._groups.cache
