@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import hashlib
 import io
 import itertools
 import math
@@ -36,6 +37,7 @@ from jaxfeed.loaders.data.remote import RemoteObjects, cache_bytes
 
 __all__ = [
     "BLOCK_BYTES",
+    "BatchFields",
     "READ_ENV",
     "SMALL_BYTES",
     "BlockCache",
@@ -284,6 +286,51 @@ class BlockCache:
             if self._pool is None:
                 self._pool = concurrent.futures.ThreadPoolExecutor(DEPTH_CEILING, "jaxfeed-ranges")
             return self._pool
+
+
+class BatchFields:
+    """Every field of a batch gathered at once, each handed out once as its
+    field asks (a backend asks for a batch's fields in turn: one read serves
+    them all, and no array is ever shared). Keeps the last `KEEP` batches'
+    remaining fields, at most ``max_bytes`` of each (a batch, not a split)."""
+
+    KEEP = 4
+
+    def __init__(self, max_bytes: int):
+        self.max_bytes = max_bytes
+        self._kept: collections.OrderedDict[bytes, dict] = collections.OrderedDict()
+        self._lock = threading.Lock()
+
+    def __getstate__(self) -> dict:
+        return {"max_bytes": self.max_bytes}  # into a worker: nothing kept
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(state["max_bytes"])
+
+    def field(
+        self,
+        name: str,
+        rows: np.ndarray,
+        gather: Callable[[np.ndarray], dict[str, np.ndarray]],
+    ) -> np.ndarray:
+        """Field ``name``'s ``rows``: kept from an earlier `gather` of the same
+        rows, or gathered now with every other field (those kept)."""
+        key = hashlib.blake2b(rows.tobytes(), digest_size=16).digest()
+        with self._lock:
+            kept = self._kept.get(key, {})
+            if name in kept:
+                values = kept.pop(name)
+                if not kept:
+                    del self._kept[key]
+                return values
+        out = gather(rows)
+        values = out.pop(name)
+        if out and sum(a.nbytes for a in out.values()) <= self.max_bytes:
+            with self._lock:
+                self._kept[key] = out
+                while len(self._kept) > self.KEEP:
+                    self._kept.popitem(last=False)
+        return values
 
 
 class Block(NamedTuple):

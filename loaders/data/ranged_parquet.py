@@ -33,7 +33,14 @@ import numpy as np
 from jaxfeed.loaders.array_dataset import device_dtype, narrowed
 from jaxfeed.loaders.data.formats import tables
 from jaxfeed.loaders.data.formats.detect import locate
-from jaxfeed.loaders.data.ranged_npy import READ_ENV, Block, BlockCache, RangedRows, read_mode
+from jaxfeed.loaders.data.ranged_npy import (
+    READ_ENV,
+    BatchFields,
+    Block,
+    BlockCache,
+    RangedRows,
+    read_mode,
+)
 from jaxfeed.loaders.data.remote import CACHE_BYTES_ENV, RemoteObjects, cache_bytes
 
 __all__ = ["RangedParquet", "parquet_fields"]
@@ -132,10 +139,7 @@ class _RowGroups:
         self._starts = np.cumsum([0, *self.units])
         self._row_bytes = sum(d.itemsize * int(np.prod(s)) for d, s in self.columns.values())
         self._check()
-        self._recent: tuple[np.ndarray, dict[str, np.ndarray]] | None = None  # see `gather`
-
-    def __getstate__(self) -> dict:
-        return {**self.__dict__, "_recent": None}
+        self._fields = BatchFields(self.cache.max_bytes)
 
     def _url(self, file: int) -> str:
         return self._objects.object_url(self._files[file])
@@ -186,18 +190,9 @@ class _RowGroups:
 
     def gather(self, name: str, rows: np.ndarray) -> np.ndarray:
         """Column ``name``'s ``rows`` (as stored). Every column's rows are
-        gathered at once, and the next fields asked for the same rows (a
-        batch's) take theirs: a row group is read once per batch, not once
-        per field."""
-        recent = self._recent
-        if recent is not None and recent[0].shape == rows.shape and np.array_equal(recent[0], rows):
-            found = recent[1].pop(name, None)
-            if found is not None:
-                return found
-        gathered = self._gather(rows)
-        found = gathered.pop(name)
-        self._recent = (rows, gathered)
-        return found
+        gathered at once (`BatchFields`): a row group is read once per batch,
+        not once per field."""
+        return self._fields.field(name, rows, self._gather)
 
     def _gather(self, rows: np.ndarray) -> dict[str, np.ndarray]:
         """Every column's ``rows``, read a row group at a time: a batch's rows

@@ -23,9 +23,7 @@ numbers of one length in every record; the rest is refused by name under
 
 from __future__ import annotations
 
-import collections
 import concurrent.futures
-import hashlib
 import json
 import struct
 import threading
@@ -48,6 +46,7 @@ from jaxfeed.loaders.data.on_disk import MissingSplitError
 from jaxfeed.loaders.data.ranged_npy import (
     BLOCK_BYTES,
     READ_ENV,
+    BatchFields,
     Block,
     BlockCache,
     RangedRows,
@@ -61,7 +60,6 @@ INDEX_DIR = "tfrecord-index"  # under jaxfeed's cache: one entry per object vers
 LAYOUT = "v1"  # of an index entry: bumping it builds them again
 STREAM_BYTES = 8 << 20  # one ranged read of the pass that builds an index
 _HEADER, _FRAMING = 12, 16  # length + its CRC; and the data's CRC after the data
-RECENT_BATCHES = 4  # the last batches gathered, every field of them: see `_Shards.gather`
 _ROOT = PurePosixPath("/jaxfeed-remote")  # stands for the URL in `named_split`'s messages
 
 
@@ -223,15 +221,15 @@ class _Shards:
         self.rows = sum(i["records"] for i in indexes.values())
         self.row_bytes = sum(n * (4 if k == "float" else 8) for k, n in first.values())
         self._blocks: tuple[np.ndarray, ...] | None = None
-        self._recent: collections.OrderedDict[bytes, dict] = collections.OrderedDict()
+        self._fields = BatchFields(cache.max_bytes)
         self._lock = threading.Lock()
 
     def __getstate__(self) -> dict:
         # Into a worker: the index paths, not their arrays (loaded there again).
-        return {**self.__dict__, "_blocks": None, "_recent": None, "_lock": None}
+        return {**self.__dict__, "_blocks": None, "_lock": None}
 
     def __setstate__(self, state: dict) -> None:
-        self.__dict__.update(state, _recent=collections.OrderedDict(), _lock=threading.Lock())
+        self.__dict__.update(state, _lock=threading.Lock())
 
     def blocks(self) -> tuple[np.ndarray, ...]:
         """Per block: its first row of the split, its shard, and the byte range
@@ -268,18 +266,11 @@ class _Shards:
     def gather(self, rows: np.ndarray, name: str) -> np.ndarray:
         """Field ``name``'s ``rows`` (as parsed), a block of records at a time:
         a batch's rows of one block come from one read, the reads in the block
-        cache's sliding window. Every field is gathered, and the others kept
-        for a few batches: a backend asks for each field of a batch in turn,
-        and one read serves them all (each array is handed out once: never
-        shared)."""
-        key = hashlib.blake2b(rows.tobytes(), digest_size=16).digest()
-        with self._lock:
-            kept = self._recent.get(key, {})
-            if name in kept:
-                values = kept.pop(name)
-                if not kept:
-                    del self._recent[key]
-                return values
+        cache's sliding window; every field of a batch from one gather
+        (`BatchFields`)."""
+        return self._fields.field(name, rows, self._gather)
+
+    def _gather(self, rows: np.ndarray) -> dict[str, np.ndarray]:
         out = {
             name: np.empty((len(rows), *([n] if n > 1 else [])), _dtype(kind))
             for name, (kind, n) in self.schema.items()
@@ -294,13 +285,7 @@ class _Shards:
             at = rows[where] - first_rows[needed[i]]
             for field in out:
                 out[field][where] = parsed[field][at]
-        values = out.pop(name)
-        if out and len(rows) * self.row_bytes <= self.cache.max_bytes:  # a batch, not a field
-            with self._lock:
-                self._recent[key] = out
-                while len(self._recent) > RECENT_BATCHES:
-                    self._recent.popitem(last=False)
-        return values
+        return out
 
     def block(self, block: int) -> Block:
         """Block ``block``: its rows' every field (as parsed), as one structured
