@@ -108,7 +108,11 @@ def _split_objects(
                 raise type(error)(str(error).replace(str(root), url)) from None
         for warning in caught:
             warnings.warn(str(warning.message).replace(str(root), url), warning.category, 3)
-    assert found is not None and found.format == "parquet", found
+    if found is None or found.format != "parquet":  # only empty or hidden objects
+        raise FileNotFoundError(
+            f"{url} holds no Parquet data for the {split!r} split, only empty or hidden "
+            "objects; check the URL"
+        )
     return ["" if "" in objects.made_from else str(p.relative_to(root)) for p in found.files]
 
 

@@ -189,3 +189,19 @@ def test_what_cannot_be_read_in_place_is_refused_by_name(split):
     split["env"].setenv("JAXFEED_READ", "whole")  # fetched: its bound refuses the split
     with pytest.raises(ValueError, match=r"more than its bound of 24,000 bytes"):
         jaxfeed.load_dataset(split["url"], storage_options=opts)
+
+
+def test_a_prefix_of_only_hidden_objects_is_named_not_asserted():
+    """Objects that pass as Parquet-or-nothing but hold no data file (only
+    hidden ones) are a FileNotFoundError naming the URL and split."""
+    import types
+
+    from jaxfeed.loaders.data import ranged_parquet
+
+    objects = types.SimpleNamespace(
+        url="s3://b/empty/", path="b/empty", made_from={"train/.keep": None}, members=None
+    )
+    with pytest.raises(
+        FileNotFoundError, match=r"s3://b/empty holds no Parquet data for the 'train'"
+    ):
+        ranged_parquet._split_objects(objects, "train", ("train", "test"), None)
