@@ -45,12 +45,12 @@ from jaxfeed.loaders.data.formats.example import (
 )
 from jaxfeed.loaders.data.formats.riegeli import (
     BLOCK_SIZE,
+    NotParsed,
     RiegeliError,
     chunk_data,
     chunk_records,
     footer,
     postscript_footer_offset,
-    refusal,
 )
 from jaxfeed.loaders.data.object_cache import entry_key
 from jaxfeed.loaders.data.ranged_npy import (
@@ -139,24 +139,27 @@ def _write_index(objects: RemoteObjects, relative: str, size: int, scratch: Path
         if not 0 < footer_at <= tail_at:
             raise RiegeliError(f"{url}: its postscript puts the footer at byte {footer_at}")
         listed = footer(objects.read(relative, footer_at, tail_at), footer_at, url)
+    except NotParsed as error:  # its footer is compressed as its chunks are
+        listed, refused = None, error.reason
     except RiegeliError as error:
         raise ValueError(
             f"{error}: it is not a readable ArrayRecord file; pass format= to say what it is, "
             "or write it again"
         ) from None
-    if "transpose:true" in listed.writer_options.split(","):
+    if listed is not None and "transpose:true" in listed.writer_options.split(","):
         refused = "its chunks are transposed (written with transpose:true)"
-    else:
+    elif listed is not None:
 
         def records() -> Iterator[Record]:
             nonlocal refused
             row = 0
             for begin, end, count, data, offset in _runs(objects, relative, listed, footer_at):
                 header, body, data_end = chunk_data(data, offset, begin, url)
-                refused = refusal(header, body)
-                if refused is not None:
+                try:
+                    found = chunk_records(header, body, url)
+                except NotParsed as error:
+                    refused = error.reason
                     return
-                found = chunk_records(header, body, url)
                 if len(found) != count or data_end > end:
                     raise RiegeliError(
                         f"{url}: the chunk at byte {begin} holds {len(found)} records, its "

@@ -28,6 +28,7 @@ __all__ = [
     "CHUNK_HEADER_SIZE",
     "ChunkHeader",
     "Footer",
+    "NotParsed",
     "RiegeliError",
     "chunk_header",
     "chunk_records",
@@ -55,6 +56,15 @@ _LANES = struct.Struct("<4Q")
 class RiegeliError(ValueError):
     """Bytes that are not what an ArrayRecord file holds there (damaged, or
     not an ArrayRecord file, or changed since it was indexed)."""
+
+
+class NotParsed(RiegeliError):
+    """A chunk of a kind not parsed here (transposed, of a compression without
+    its decoder): ``reason`` says which."""
+
+    def __init__(self, where: str, reason: str):
+        super().__init__(f"{where}: {reason}")
+        self.reason = reason
 
 
 class ChunkHeader(NamedTuple):
@@ -260,12 +270,12 @@ def chunk_records(header: ChunkHeader, body: bytes, where: str) -> list[bytes]:
     """The records of a simple chunk.
 
     Raises:
-      RiegeliError: not a simple chunk of a known compression, or its sizes
-        disagree with its header.
+      NotParsed: not a simple chunk of a compression decoded here.
+      RiegeliError: its sizes disagree with its header.
     """
     refused = refusal(header, body)
     if refused is not None:
-        raise RiegeliError(f"{where}: {refused}")
+        raise NotParsed(where, refused)
     if header.num_records == 0:
         return []
     compression = body[0]
