@@ -200,7 +200,7 @@ def _runs(
     bytes of the run of chunks it was read with, where they start): runs of
     whole chunks of about `STREAM_BYTES`, one ranged read each."""
     begins = list(listed.offsets)
-    ends = begins[1:] + [footer_at]
+    ends = [*begins[1:], footer_at]
     i = 0
     while i < len(begins):
         j = i + 1
@@ -309,7 +309,7 @@ class _Files:
     def block(self, block: int) -> Block:
         """Block ``block``: its chunks' rows, every field (as parsed), as one
         structured array (the block cache holds arrays)."""
-        (first_rows, files, firsts, stops), chunks = self.blocks()
+        (_, files, firsts, stops), chunks = self.blocks()
         held = chunks[files[block]][firsts[block] : stops[block]]
         relative = self.relatives[files[block]]
         start, end, count = int(held[0, 0]), int(held[-1, 1]), int(held[:, 2].sum())

@@ -247,7 +247,9 @@ def _decompressed(part: bytes, compression: int, where: str) -> bytes:
             part[at:], decompressed_size=size, codec=CODECS[compression]
         ).to_pybytes()
     except (pyarrow.ArrowException, OSError) as error:
-        raise RiegeliError(f"{where}: a {CODECS[compression]} part does not decode ({error})")
+        raise RiegeliError(
+            f"{where}: a {CODECS[compression]} part does not decode ({error})"
+        ) from None
 
 
 def refusal(header: ChunkHeader, body: bytes) -> str | None:
@@ -262,7 +264,8 @@ def refusal(header: ChunkHeader, body: bytes) -> str | None:
         try:
             import pyarrow  # noqa: F401
         except ImportError:
-            return f"its chunks are {CODECS[body[0]]}-compressed and pyarrow (their decoder) is missing"
+            codec = CODECS[body[0]]
+            return f"its chunks are {codec}-compressed and pyarrow (their decoder) is missing"
     return None
 
 
@@ -327,7 +330,9 @@ def footer(data: bytes, offset: int, where: str) -> Footer:
         raise RiegeliError(f"{where}: its footer is not an ArrayRecord v1 footer")
     chunks = [dict(_proto_fields(r, where)) for r in records[1:]]
     if len(chunks) != array_record.get(2, 0):
-        raise RiegeliError(f"{where}: its footer lists {len(chunks)} chunks, says {array_record.get(2)}")
+        raise RiegeliError(
+            f"{where}: its footer lists {len(chunks)} chunks, says {array_record.get(2)}"
+        )
     options = array_record.get(4, b"")
     return Footer(
         [c.get(1, 0) for c in chunks],

@@ -197,7 +197,9 @@ def test_a_damaged_chunk_names_the_object_and_its_byte(files, tmp_path):
     from jaxfeed.loaders.data.formats.riegeli import footer, postscript_footer_offset
 
     data = bytearray(
-        _arrayrecord(tmp_path / "d.array_record", _rows(np.random.default_rng(4), 50), "group_size:1")
+        _arrayrecord(
+            tmp_path / "d.array_record", _rows(np.random.default_rng(4), 50), "group_size:1"
+        )
     )
     size = len(data)
     at = postscript_footer_offset(bytes(data[-(1 << 16) :]), size, "d")
@@ -237,9 +239,7 @@ def test_what_is_not_read_in_place_is_named_under_ranges_and_fetched_under_auto(
         monkeypatch.setitem(sys.modules, "pyarrow", None)  # its import fails: no decoder
     files["env"].setenv("JAXFEED_READ", "ranges")
     try:
-        with pytest.raises(
-            ValueError, match=rf"train-0\.array_record: {why}.*JAXFEED_READ=whole"
-        ):
+        with pytest.raises(ValueError, match=rf"train-0\.array_record: {why}.*JAXFEED_READ=whole"):
             jaxfeed.load_dataset(url, storage_options=_opts(files))
     finally:
         files["env"].delenv("JAXFEED_READ")
