@@ -62,7 +62,12 @@ from jaxfeed.loaders.data.ranged_npy import (
     read_mode,
 )
 from jaxfeed.loaders.data.ranged_tfrecord import RangedExamples, example_dtype, split_shards
-from jaxfeed.loaders.data.remote import FETCH_THREADS, RemoteObjects, cache_bytes
+from jaxfeed.loaders.data.remote import (
+    CACHE_BYTES_ENV,
+    FETCH_THREADS,
+    RemoteObjects,
+    cache_bytes,
+)
 
 __all__ = ["INDEX_DIR", "RangedArrayRecords", "arrayrecord_fields"]
 
@@ -98,7 +103,8 @@ def arrayrecord_fields(
 
     with concurrent.futures.ThreadPoolExecutor(FETCH_THREADS, "jaxfeed-index") as pool:
         indexes = dict(zip(files, pool.map(index, files), strict=True))
-    refused = _refusal(objects, indexes)
+    bound = cache_bytes() // 4
+    refused = _refusal(objects, indexes, bound)
     if refused is not None:
         if mode == "auto":
             return None
@@ -107,7 +113,7 @@ def arrayrecord_fields(
             "to fetch the files into the cache (JAXFEED_CACHE_BYTES must hold them)"
         )
     kept = {r: i for r, i in indexes.items() if i["records"]}
-    reader = _Files(objects, kept, BlockCache(cache_bytes() // 4))
+    reader = _Files(objects, kept, BlockCache(bound))
     fields = {name: RangedArrayRecords(reader, name) for name in reader.schema}
     return fields, [i["records"] for i in kept.values()]
 
@@ -187,6 +193,7 @@ def _write_index(objects: RemoteObjects, relative: str, size: int, scratch: Path
     meta = {
         "url": url,
         "records": sum(c[2] for c in chunks),
+        "most_records": max((c[2] for c in chunks), default=0),  # in one chunk
         "schema": [[name, kind, length] for name, (kind, length) in schema.items()],
         "refused": refused,
     }
@@ -212,8 +219,10 @@ def _runs(
         i = j
 
 
-def _refusal(objects: RemoteObjects, indexes: Mapping[str, dict]) -> str | None:
-    """Why the files are not read in place (naming the object), or None."""
+def _refusal(objects: RemoteObjects, indexes: Mapping[str, dict], bound: int) -> str | None:
+    """Why the files are not read in place (naming the object), or None;
+    ``bound``: the block cache's, which a chunk's parsed rows must fit (a
+    chunk is read whole)."""
     for relative, index in indexes.items():
         if index["refused"] is not None:
             return f"{objects.object_url(relative)}: {index['refused']}"
@@ -225,6 +234,16 @@ def _refusal(objects: RemoteObjects, indexes: Mapping[str, dict]) -> str | None:
             return (
                 f"{objects.object_url(relative)} holds features {index['schema']}, "
                 f"{objects.object_url(first)} {indexes[first]['schema']}"
+            )
+    schema = indexes[first]["schema"]
+    row_bytes = sum(n * (4 if k == "float" else 8) for k, n in schema.values())
+    for relative, index in indexes.items():
+        if index["most_records"] * row_bytes > bound:
+            return (
+                f"{objects.object_url(relative)}: a chunk of {index['most_records']} records "
+                f"parses to {index['most_records'] * row_bytes:,} bytes, more than the block "
+                f"cache's bound of {bound:,} (a quarter of {CACHE_BYTES_ENV}; a chunk is read "
+                f"whole): raise {CACHE_BYTES_ENV}, or write smaller chunks (group_size:)"
             )
     return None
 
@@ -263,22 +282,30 @@ class _Files:
             return self._blocks, self._chunks
 
     def _plan(self, chunks: list[np.ndarray]) -> tuple[np.ndarray, ...]:
+        """Runs of whole chunks, each at most ``bound`` bytes read and parsed
+        (a chunk alone may be more read, never more parsed: `_refusal`)."""
         bound = min(BLOCK_BYTES, max(1, self.cache.max_bytes // 4))
-        most_rows = max(1, bound // max(1, self.row_bytes))  # parsed, they fit the bound too
+        most_rows = max(1, bound // max(1, self.row_bytes))
         first_rows, files, firsts, stops = [], [], [], []
         row = 0
         for file, held in enumerate(chunks):
-            n = len(held)
-            rows_before = np.concatenate(([0], np.cumsum(held[:, 2])[:-1]))
-            key = np.stack([held[:, 0] // bound, rows_before // most_rows])
-            new = np.concatenate(([True], np.any(key[:, 1:] != key[:, :-1], axis=0)))
-            first = np.flatnonzero(new)
-            first_rows.append(row + rows_before[first])
-            files.append(np.full(len(first), file))
-            firsts.append(first)
-            stops.append(np.concatenate((first[1:], [n])))
-            row += int(held[:, 2].sum())
-        return tuple(map(np.concatenate, (first_rows, files, firsts, stops)))
+            begins, ends, counts = (held[:, k].tolist() for k in range(3))
+            first, rows = 0, 0
+            for k, count in enumerate(counts):
+                if k > first and (rows + count > most_rows or ends[k] - begins[first] > bound):
+                    first_rows.append(row)
+                    files.append(file)
+                    firsts.append(first)
+                    stops.append(k)
+                    row, first, rows = row + rows, k, 0
+                rows += count
+            if counts:
+                first_rows.append(row)
+                files.append(file)
+                firsts.append(first)
+                stops.append(len(counts))
+                row += rows
+        return tuple(np.asarray(a, np.int64) for a in (first_rows, files, firsts, stops))
 
     def block_of(self, rows: np.ndarray) -> np.ndarray:
         return np.searchsorted(self.blocks()[0][0], rows, side="right") - 1

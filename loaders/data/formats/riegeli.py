@@ -252,7 +252,7 @@ def _decompressed(part: bytes, compression: int, where: str) -> bytes:
         ) from None
 
 
-def refusal(header: ChunkHeader, body: bytes) -> str | None:
+def _not_parsed(header: ChunkHeader, body: bytes) -> str | None:
     """Why a data chunk is not parsed here, or None."""
     if header.chunk_type == TRANSPOSED:
         return "its chunks are transposed (written with transpose:true)"
@@ -276,7 +276,7 @@ def chunk_records(header: ChunkHeader, body: bytes, where: str) -> list[bytes]:
       NotParsed: not a simple chunk of a compression decoded here.
       RiegeliError: its sizes disagree with its header.
     """
-    refused = refusal(header, body)
+    refused = _not_parsed(header, body)
     if refused is not None:
         raise NotParsed(where, refused)
     if header.num_records == 0:

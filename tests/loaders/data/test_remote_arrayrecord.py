@@ -218,7 +218,7 @@ def test_a_damaged_chunk_names_the_object_and_its_byte(files, tmp_path):
         files["env"].delenv("JAXFEED_READ")
 
 
-@pytest.mark.parametrize("kind", ["transposed", "no-pyarrow", "raw", "bytes"])
+@pytest.mark.parametrize("kind", ["transposed", "no-pyarrow", "raw", "bytes", "big-chunk"])
 def test_what_is_not_read_in_place_is_named_under_ranges_and_fetched_under_auto(
     files, tmp_path, kind, monkeypatch
 ):
@@ -228,6 +228,9 @@ def test_what_is_not_read_in_place_is_named_under_ranges_and_fetched_under_auto(
         options, why = "group_size:8,transpose:true", "its chunks are transposed"
     elif kind == "no-pyarrow":
         options, why = "group_size:8,zstd", "its chunks are zstd-compressed and pyarrow"
+    elif kind == "big-chunk":  # 400 rows of 336 bytes parsed: past the 16 KiB block cache
+        options = "group_size:400,uncompressed"
+        why = r"a chunk of 400 records parses to 134,400 bytes, more than the block cache's bound"
     elif kind == "raw":
         rows, why = [bytes([i % 7]) * 300 for i in range(400)], r"its records are not tf\.train"
     else:
