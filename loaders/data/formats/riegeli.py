@@ -174,7 +174,7 @@ def unframed(data: bytes, offset: int, at: int, size: int, where: str) -> tuple[
       RiegeliError: ``data`` ends first, or a block header's hash fails.
     """
     parts = []
-    while size > 0 or at % BLOCK_SIZE < BLOCK_HEADER_SIZE:
+    while size > 0:  # a block header after the last byte is the next chunk's
         in_block = at % BLOCK_SIZE
         if in_block < BLOCK_HEADER_SIZE:  # a block header: skip it (a chunk never starts there)
             header = data[at - in_block - offset : at - in_block - offset + BLOCK_HEADER_SIZE]
@@ -183,8 +183,6 @@ def unframed(data: bytes, offset: int, at: int, size: int, where: str) -> tuple[
             if highway_hash(header[8:]) != int.from_bytes(header[:8], "little"):
                 raise RiegeliError(f"{where}: the block header at byte {at - in_block} is damaged")
             at += BLOCK_HEADER_SIZE - in_block
-            if size == 0:
-                break
         take = min(size, BLOCK_SIZE - at % BLOCK_SIZE)
         part = data[at - offset : at - offset + take]
         if len(part) < take or at < offset:

@@ -130,3 +130,17 @@ def test_transposed_chunks_are_refused_by_name(tmp_path):
     header, body, _ = chunk_data(data, 0, listed.offsets[0], "t")
     with pytest.raises(NotParsed, match=r"t: its chunks are transposed"):
         chunk_records(header, body, "t")
+
+
+def test_a_chunk_ending_at_a_block_boundary_reads_without_the_next_block(tmp_path):
+    """The first chunk's header is at byte 64 and its data 5 bytes of framing
+    then the record: a record of 65,427 bytes ends the chunk at byte 65,536
+    exactly; the next chunk formally begins there, before the block header."""
+    records = [b"a" * 65_427, b"b" * 10, b"c" * 5]
+    path = tmp_path / "f.array_record"
+    data = _write(path, records, "group_size:1,uncompressed")
+    header, body, end = chunk_data(data[:BLOCK_SIZE], 0, 64, "f")  # nothing past the block
+    assert end == BLOCK_SIZE and chunk_records(header, body, "f") == records[:1]
+    header, body, _ = chunk_data(data, 0, BLOCK_SIZE, "f")
+    assert chunk_records(header, body, "f") == records[1:2]
+    assert _mine(data)[0] == _theirs(path) == records
