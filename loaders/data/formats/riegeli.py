@@ -207,12 +207,15 @@ def chunk_header(data: bytes, offset: int, at: int, where: str) -> tuple[ChunkHe
     return header, after
 
 
-def chunk_data(data: bytes, offset: int, at: int, where: str) -> tuple[ChunkHeader, bytes, int]:
-    """The chunk at file position ``at``: its header, its data (hash checked)
-    and the file position where its data ends."""
+def chunk_data(
+    data: bytes, offset: int, at: int, where: str, check_data: bool = True
+) -> tuple[ChunkHeader, bytes, int]:
+    """The chunk at file position ``at``: its header, its data (hash checked
+    unless ``check_data`` is False: the caller has checked those bytes
+    otherwise) and the file position where its data ends."""
     header, after = chunk_header(data, offset, at, where)
     body, end = unframed(data, offset, after, header.data_size, where)
-    if highway_hash(body) != header.data_hash:
+    if check_data and highway_hash(body) != header.data_hash:
         raise RiegeliError(f"{where}: the chunk at byte {at} fails its data hash")
     return header, body, end
 
