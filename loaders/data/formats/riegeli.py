@@ -12,8 +12,9 @@ part compressed as the writer chose: none, zstd, brotli or snappy) or
 ``transpose:true``: not parsed here, refused by name).
 
 Every header's hash and every chunk's data hash (HighwayHash-64 with
-Riegeli's key) is checked, as the local reader checks them: a damaged or
-changed object is refused, never read as other records. Compressed parts are
+Riegeli's key) is checked, as the local reader checks them (a caller that
+has checked a chunk's bytes otherwise may skip its data hash: `chunk_data`):
+a damaged or changed object is refused, never read as other records. Compressed parts are
 decoded by pyarrow's codecs; without pyarrow they are refused by name.
 """
 
