@@ -209,3 +209,189 @@ def test_a_prefix_of_only_hidden_objects_is_named_not_asserted():
         FileNotFoundError, match=r"s3://b/empty holds no Parquet data for the 'train'"
     ):
         ranged_parquet._split_objects(objects, "train", ("train", "test"), None)
+
+
+VAR_CACHE = 64_000  # below each split's objects; each process holds 16,000 bytes of blocks
+
+
+@pytest.fixture(scope="module")
+def varsplit(store, tmp_path_factory):
+    """Parquet objects of variable-length columns, in the store and on local
+    disk: ``pq-img/`` PNG bytes of small images, a string and a label (three
+    objects, 25-row groups); ``pq-tok/`` a token corpus, a list column of ids
+    and one of 2-float frames of the same lengths (two objects, 40-row groups)."""
+    from jaxfeed.loaders.data.encoded import encode_png
+
+    local = tmp_path_factory.mktemp("pqvar")
+    rng = np.random.default_rng(11)
+    for part in range(3):
+        images = rng.integers(0, 256, (100, 8, 8, 3), dtype=np.uint8)
+        table = pa.table(
+            {
+                "png": pa.array(encode_png(images), pa.binary()),
+                "label": rng.integers(0, 10, 100),
+                "s": pa.array(["é" * int(n) + str(part) for n in rng.integers(0, 12, 100)]),
+            }
+        )
+        _write(split_store(store, local), f"pq-img/train/part-{part}.parquet", table, 25)
+    for part in range(2):
+        lengths = rng.integers(1, 41, 300)
+        ids = pa.array([rng.integers(0, 50_000, n).astype(np.int32) for n in lengths])
+        steps = pa.FixedSizeListArray.from_arrays(
+            rng.normal(size=2 * int(lengths.sum())).astype(np.float32), 2
+        )
+        offsets = pa.array(np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32))
+        frames = pa.ListArray.from_arrays(offsets, steps)
+        table = pa.table({"tokens": ids, "frames": frames})
+        _write(split_store(store, local), f"pq-tok/train/part-{part}.parquet", table, 40)
+    for prefix in ("pq-img", "pq-tok"):
+        size = sum(p.stat().st_size for p in (local / prefix).rglob("*.parquet"))
+        assert size > VAR_CACHE, (prefix, size)
+    with store["env"].context() as env:
+        env.setenv("JAXFEED_CACHE_BYTES", str(VAR_CACHE))
+        env.setenv("JAXFEED_READ", "auto")
+        yield {**store, "local": local, "env": env}
+
+
+def split_store(store, local: Path) -> tuple:
+    return store["s3"], local
+
+
+def _write(where: tuple, key: str, table: pa.Table, group_rows: int) -> None:
+    s3, local = where
+    (local / key).parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(table, local / key, row_group_size=group_rows)
+    s3.upload_file(str(local / key), BUCKET, key)
+
+
+def _var_url(prefix: str) -> str:
+    return f"s3://{BUCKET}/{prefix}/"
+
+
+def _bound_kept(field) -> None:
+    cache = field.cache if hasattr(field, "cache") else None
+    if cache is not None:
+        assert 0 < cache.peak_bytes <= cache.max_bytes == VAR_CACHE // 4, cache.peak_bytes
+
+
+def _close(source) -> None:
+    if hasattr(source, "close"):
+        source.close()
+
+
+def test_bytes_and_string_columns_are_read_in_place_as_the_local_bytes_fields(varsplit):
+    from jaxfeed.loaders.bytes_field import BytesField
+    from jaxfeed.loaders.data.ranged_values import RangedBytes
+
+    opts = _opts(varsplit)
+    local = jaxfeed.load_dataset(str(varsplit["local"] / "pq-img"))
+    remote = jaxfeed.load_dataset(_var_url("pq-img"), storage_options=opts)
+    assert remote.units == local.units == (25,) * 12
+    assert remote.bytes_fields() == local.bytes_fields() == ["png", "s"]
+    every = np.arange(len(local))
+    for name in ("png", "s"):
+        field = remote.arrays[name]
+        assert isinstance(field, RangedBytes) and field.shape == local[name].shape, field
+        assert list(field[every]) == list(local[name][every]), name  # every row, byte for byte
+        assert field[every].dtype == local[name][every].dtype == object
+        part = field[37:81]
+        assert isinstance(part, BytesField) and isinstance(remote.head[name], BytesField)
+        assert np.array_equal(part.offsets, local[name][37:81].offsets)
+        assert part.data.tobytes() == local[name][37:81].data.tobytes()
+        assert field[-1] == local[name][-1] and field[every[::-7]].tolist() == list(
+            local[name][every[::-7]]
+        )
+    assert np.array_equal(remote["label"][:], local["label"])
+    assert _fetched_whole() == []
+
+
+@pytest.mark.parametrize("backend", ["numpy", "torch", "grain"])
+def test_png_bytes_decode_into_the_local_copys_batches(varsplit, backend):
+    """The local path's image decoding (``digits-png``'s ``augment``: PNG
+    decode, a random resized crop, a flip) over the bytes read in place, and
+    the string column riding along as a host field: the local copy's batches
+    over two epochs and a resume, within the block cache's bound."""
+    from jaxfeed.loaders.data.encoded import augment
+
+    kwargs = {"batch_size": 32, "shuffle": True, "transform": augment, "host_fields": ("s",)}
+    want = _epochs(jaxfeed.make("numpy", dataset=str(varsplit["local"] / "pq-img"), **kwargs))
+    source = jaxfeed.make(
+        backend, dataset=_var_url("pq-img"), storage_options=_opts(varsplit), **kwargs
+    )
+    try:
+        assert sorted(want[0]) == ["image", "label", "mask", "s"]
+        assert _same(_epochs(source), want), backend
+        resumed = [dict(b) for b in source.iter_epoch(1, start=3)]
+        assert _same(resumed, want[len(want) // 2 + 3 :]), backend
+    finally:
+        _close(source)
+    assert _fetched_whole() == []
+
+
+def _sequence_epochs(source) -> list[list[dict]]:
+    return [[dict(b) for b in source.iter_epoch(e)] for e in range(2)]
+
+
+@pytest.mark.parametrize("backend", ["numpy", "torch", "grain"])
+def test_a_token_corpus_packs_and_pads_from_list_columns_read_in_place(varsplit, backend):
+    """``make(backend, dataset=URL, pack=L)`` and ``pad=L`` over list columns
+    read in place (ids, and 2-float frames): the local copy's batches over
+    two epochs and a resume, the values gathered a batch at a time within
+    the block cache's bound, nothing fetched whole."""
+    from jaxfeed.loaders.data.ranged_values import RangedValues
+    from jaxfeed.loaders.ragged_field import RaggedField
+
+    opts = _opts(varsplit)
+    local_data = jaxfeed.load_dataset(str(varsplit["local"] / "pq-tok"))
+    remote = jaxfeed.load_dataset(_var_url("pq-tok"), storage_options=opts)
+    assert remote.ragged_fields() == local_data.ragged_fields() == ["tokens", "frames"]
+    for name in ("tokens", "frames"):
+        field, want = remote.arrays[name], local_data[name]
+        assert isinstance(field, RaggedField) and isinstance(field.values, RangedValues)
+        assert np.array_equal(field.offsets, want.offsets) and field.offsets.dtype == np.int64
+        assert field.values.dtype == want.values.dtype and field.values.shape == want.values.shape
+        assert np.asarray(field.values[:]).tobytes() == np.asarray(want.values).tobytes(), name
+        assert np.array_equal(field[123], want[123])
+    for layout in ({"pack": 64}, {"pad": 40}):
+        kwargs = {"batch_size": 8, "shuffle": True, **layout}
+        local = jaxfeed.make("numpy", dataset=str(varsplit["local"] / "pq-tok"), **kwargs)
+        want = _sequence_epochs(local)
+        source = jaxfeed.make(backend, dataset=_var_url("pq-tok"), storage_options=opts, **kwargs)
+        try:
+            got = _sequence_epochs(source)
+            assert all(_same(g, w) for g, w in zip(got, want, strict=True)), (backend, layout)
+            resumed = [dict(b) for b in source.iter_epoch(1, start=2)]
+            assert _same(resumed, want[1][2:]), (backend, layout)
+            values = source.dataset.arrays["tokens"].values
+            assert isinstance(values, RangedValues)
+            cache = values._reader.cache
+            assert 0 < cache.peak_bytes <= cache.max_bytes == VAR_CACHE // 4, cache.peak_bytes
+        finally:
+            _close(source)
+    assert _fetched_whole() == []
+
+
+@pytest.mark.slow  # two worker processes
+def test_torch_workers_read_variable_length_columns_in_place(varsplit):
+    opts = _opts(varsplit)
+    from jaxfeed.loaders.data.encoded import augment
+
+    for prefix, kwargs in (
+        ("pq-img", {"batch_size": 32, "transform": augment}),
+        ("pq-tok", {"batch_size": 8, "pack": 64}),
+    ):
+        kwargs = {"shuffle": True, **kwargs}
+        want = _sequence_epochs(
+            jaxfeed.make("numpy", dataset=str(varsplit["local"] / prefix), **kwargs)
+        )
+        source = jaxfeed.make(
+            "torch", dataset=_var_url(prefix), storage_options=opts, num_workers=2, **kwargs
+        )
+        try:
+            got = _sequence_epochs(source)
+            assert all(_same(g, w) for g, w in zip(got, want, strict=True)), prefix
+            resumed = [dict(b) for b in source.iter_epoch(1, start=2)]
+            assert _same(resumed, want[1][2:]), prefix
+        finally:
+            source.close()
+    assert _fetched_whole() == []
