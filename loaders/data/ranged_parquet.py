@@ -31,6 +31,7 @@ store itself (`RemoteObjects.read`).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import io
 import tempfile
@@ -181,9 +182,13 @@ class _RowGroups:
                 self._offsets[name] = np.concatenate([[0], np.cumsum(every)]).astype(np.int64)
             else:  # one length in every row: an array of that length, as the local copy holds it
                 self.columns[name] = ("array", dtype, (length, *shape))
-        self._row_bytes = sum(
-            d.itemsize * int(np.prod(s)) for k, d, s in self.columns.values() if k == "array"
-        )
+        # The columns each block holds: every row-indexed one (a batch's rows of a
+        # group gathered at once), and each ragged one alone (its values gathered
+        # by value: only the column a field reads is read).
+        row_columns = tuple(n for n, c in self.columns.items() if c[0] != "ragged")
+        ragged = [(n,) for n, c in self.columns.items() if c[0] == "ragged"]
+        self._block_columns = ([row_columns] if row_columns else []) + ragged
+        self._row_columns = row_columns
         self._check()
         self._fields = BatchFields(self.cache.max_bytes)
 
@@ -301,12 +306,16 @@ class _RowGroups:
                     total += chunks.column(c).total_uncompressed_size
         return total
 
-    def _group_bytes(self, index: int) -> int:
-        """What row group ``index`` (of the split's) takes decoded, about:
-        exactly for arrays and ragged values, by the metadata for bytes."""
-        rows, total = self.units[index], self.units[index] * self._row_bytes
-        for name, (kind, dtype, shape) in self.columns.items():
-            if kind == "bytes":
+    def _group_bytes(self, index: int, names: tuple[str, ...]) -> int:
+        """What the columns ``names`` of row group ``index`` (of the split's)
+        take decoded, about: exactly for arrays and ragged values, by the
+        metadata for bytes."""
+        rows, total = self.units[index], 0
+        for name in names:
+            kind, dtype, shape = self.columns[name]
+            if kind == "array":
+                total += rows * dtype.itemsize * int(np.prod(shape))
+            elif kind == "bytes":
                 total += self._column_bytes(name, index)
             elif kind == "ragged":
                 first, stop = self._starts[index], self._starts[index + 1]
@@ -323,7 +332,7 @@ class _RowGroups:
         for index, ((file, group, _), rows) in enumerate(
             zip(self._groups, self.units, strict=True)
         ):
-            nbytes = self._group_bytes(index)
+            nbytes = max(self._group_bytes(index, names) for names in self._block_columns)
             if nbytes > bound:
                 raise ValueError(
                     f"{self._url(file)}, row group {group}: {rows} rows of about "
@@ -357,25 +366,29 @@ class _RowGroups:
         return self._fields.field(name, rows, self._gather)
 
     def _gather(self, rows: np.ndarray) -> dict[str, np.ndarray]:
-        fields = {n: c for n, c in self.columns.items() if c[0] != "ragged"}
-        return gather_rows(self.cache, self._block, self._starts, rows, fields)
+        fields = {n: self.columns[n] for n in self._row_columns}
+        block = functools.partial(self._block, names=self._row_columns)
+        return gather_rows(self.cache, block, self._starts, rows, fields)
 
     def gather_values(self, name: str, values: np.ndarray) -> np.ndarray:
         """The ragged column ``name``'s ``values`` (indices into its values
         back to back, as stored), a row group at a time."""
         _, dtype, frame = self.columns[name]
         starts = self._offsets[name][self._starts]
-        return gather_values(self.cache, self._block, starts, values, name, dtype, frame)
+        block = functools.partial(self._block, names=(name,))
+        return gather_values(self.cache, block, starts, values, name, dtype, frame)
 
-    def _block(self, index: int) -> Block:
-        """Row group ``index`` (of all the split's): its columns, decoded as the
-        local copy decodes them."""
+    def _block(self, index: int, names: tuple[str, ...]) -> Block:
+        """The columns ``names`` of row group ``index`` (of all the split's),
+        from one ranged read of their chunks, decoded as the local copy
+        decodes them."""
         file, group, first = self._groups[index]
 
         def read() -> FieldBlock:
-            table = self._read_group(file, group, list(self.columns))
+            table = self._read_group(file, group, list(names))
             block = FieldBlock()
-            for name, (kind, dtype, _) in self.columns.items():
+            for name in names:
+                kind, dtype, _ = self.columns[name]
                 where = f"{self._url(file)}, column {name!r}"
                 column = table.column(name).combine_chunks()
                 if kind == "ragged":
@@ -395,7 +408,8 @@ class _RowGroups:
                 )
             return block
 
-        return Block((self._files[file], group), "big", self._group_bytes(index), read)
+        key = (self._files[file], group, names)
+        return Block(key, "big", self._group_bytes(index, names), read)
 
     def _ragged(self, name: str, column: Any, index: int, where: str, first: int) -> RaggedField:
         """A ragged column's rows of one group (its nulls refused already by

@@ -249,6 +249,7 @@ def varsplit(store, tmp_path_factory):
         assert size > VAR_CACHE, (prefix, size)
     with store["env"].context() as env:
         env.setenv("JAXFEED_CACHE_BYTES", str(VAR_CACHE))
+        env.setenv("JAXFEED_CACHE_DIR", str(tmp_path_factory.mktemp("pqvar-cache")))
         env.setenv("JAXFEED_READ", "auto")
         yield {**store, "local": local, "env": env}
 
