@@ -269,8 +269,8 @@ class ArrayDataset(Mapping[str, np.ndarray]):
         names = np.frombuffer(json.dumps(list(self.arrays)).encode(), np.uint8)
         arrays = []
         for array in self.arrays.values():
-            ragged = isinstance(array, BytesField | RaggedField)
-            arrays.extend(array.content() if ragged else (array,))
+            # A bytes or ragged field (a store's read in place too) is its defining arrays.
+            arrays.extend(array.content() if hasattr(array, "content") else (array,))
         return (names, *arrays)
 
     def ragged_fields(self) -> list[str]:

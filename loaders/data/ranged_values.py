@@ -167,6 +167,12 @@ class RangedBytes:
             raise IndexError(f"{self!r}: row index out of range 0..{len(self) - 1}")
         return self._reader.gather(self._name, flat)
 
+    def content(self) -> tuple[np.ndarray, ...]:
+        """The arrays that define the field, as the local `BytesField`'s
+        (what a cache key hashes): every row gathered, the whole field in
+        memory once (tf and hf copy every row into their stores anyway)."""
+        return BytesField.from_values(list(self[np.arange(len(self))])).content()
+
 
 class RangedValues(RangedRows):
     """A ragged field's values back to back, read in place (see the module):

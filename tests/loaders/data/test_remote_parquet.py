@@ -396,3 +396,23 @@ def test_torch_workers_read_variable_length_columns_in_place(varsplit):
         finally:
             source.close()
     assert _fetched_whole() == []
+
+
+@pytest.mark.parametrize("backend", ["tf", "hf"])
+def test_tf_and_hf_copy_bytes_and_ragged_columns_read_in_place(varsplit, backend):
+    """tf and hf copy every row into their own stores once (not bounded by
+    the cache, as for numeric columns): the local copy's batches still."""
+    from jaxfeed.loaders.data.encoded import augment
+
+    for prefix, kwargs in (
+        ("pq-img", {"batch_size": 32, "transform": augment}),
+        ("pq-tok", {"batch_size": 8, "pack": 64}),
+    ):
+        kwargs = {"shuffle": True, **kwargs}
+        want = _epochs(jaxfeed.make("numpy", dataset=str(varsplit["local"] / prefix), **kwargs))
+        url = _var_url(prefix)
+        source = jaxfeed.make(backend, dataset=url, storage_options=_opts(varsplit), **kwargs)
+        try:
+            assert _same(_epochs(source), want), (backend, prefix)
+        finally:
+            _close(source)
