@@ -145,6 +145,8 @@ class _RowGroups:
     columns through one `BlockCache` (shared by the split's fields)."""
 
     def __init__(self, objects: RemoteObjects, files: list[str]):
+        import pyarrow as pa
+
         self.url = objects.url
         self._objects, self._files = objects, files
         self._sizes = [objects.made_from[r].size for r in files]
@@ -154,6 +156,9 @@ class _RowGroups:
         schemas = [(self._url(i), schema) for i, (_, schema) in enumerate(footers)]
         kinds = _columns(schemas)
         self._list_columns = [_list_columns(schema) for _, schema in schemas]
+        self._struct_columns = [
+            {f.name for f in schema if pa.types.is_struct(f.type)} for _, schema in schemas
+        ]
         # Every non-empty row group in reading order: (file, group, its first row in the file).
         self._groups: list[tuple[int, int, int]] = []
         self.units: list[int] = []
@@ -347,6 +352,8 @@ class _RowGroups:
                 name = path.split(".")[0]
                 if name not in self.columns or name in self._list_columns[file]:
                     continue
+                if name in self._struct_columns[file] and path != f"{name}.bytes":
+                    continue  # an HF Image's other fields (a null path): not read
                 stats = chunks.column(column).statistics
                 if stats is not None and stats.has_null_count and stats.null_count:
                     raise ValueError(

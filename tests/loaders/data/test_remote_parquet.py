@@ -416,3 +416,28 @@ def test_tf_and_hf_copy_bytes_and_ragged_columns_read_in_place(varsplit, backend
             assert _same(_epochs(source), want), (backend, prefix)
         finally:
             _close(source)
+
+
+def test_an_hf_image_column_is_read_in_place_as_its_bytes(varsplit):
+    """A struct of ``bytes`` and a null ``path`` (what ``datasets`` writes for
+    an ``Image``): its bytes, as the local copy reads them; the null paths,
+    which it does not read, are not refused."""
+    from jaxfeed.loaders.data.encoded import encode_png
+    from jaxfeed.loaders.data.ranged_values import RangedBytes
+
+    rng = np.random.default_rng(13)
+    pngs = encode_png(rng.integers(0, 256, (300, 8, 8, 3), dtype=np.uint8))
+    image = pa.StructArray.from_arrays(
+        [pa.array(pngs, pa.binary()), pa.array([None] * 300, pa.string())], ["bytes", "path"]
+    )
+    table = pa.table({"image": image, "label": np.arange(300)})
+    _write(split_store(varsplit, varsplit["local"]), "pq-hf/train/part-0.parquet", table, 25)
+    varsplit["env"].setenv("JAXFEED_READ", "ranges")
+    try:
+        remote = jaxfeed.load_dataset(_var_url("pq-hf"), storage_options=_opts(varsplit))
+    finally:
+        varsplit["env"].setenv("JAXFEED_READ", "auto")
+    local = jaxfeed.load_dataset(str(varsplit["local"] / "pq-hf"))
+    assert isinstance(remote.arrays["image"], RangedBytes)
+    every = np.arange(300)
+    assert list(remote["image"][every]) == list(local["image"][every]) == pngs
