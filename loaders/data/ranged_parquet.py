@@ -366,7 +366,7 @@ class _RowGroups:
     def rows(self) -> int:
         return int(self._starts[-1])
 
-    def gather(self, name: str, rows: np.ndarray) -> np.ndarray:
+    def rows_of(self, name: str, rows: np.ndarray) -> np.ndarray:
         """Column ``name``'s ``rows`` (as stored; a bytes column's as an object
         array of ``bytes``). Every such column's rows are gathered at once
         (`BatchFields`): a row group is read once per batch, not once per field."""
@@ -377,7 +377,7 @@ class _RowGroups:
         block = functools.partial(self._block, names=self._row_columns)
         return gather_rows(self.cache, block, self._starts, rows, fields)
 
-    def gather_values(self, name: str, values: np.ndarray) -> np.ndarray:
+    def values_of(self, name: str, values: np.ndarray) -> np.ndarray:
         """The ragged column ``name``'s ``values`` (indices into its values
         back to back, as stored), a row group at a time."""
         _, dtype, frame = self.columns[name]
@@ -605,7 +605,7 @@ class RangedParquet(RangedRows):
         return f"RangedParquet({self.url!r}, {self.name!r}, {self.dtype} {list(self.shape)})"
 
     def _gather(self, rows: np.ndarray) -> np.ndarray:
-        return self._groups.gather(self.name, rows)
+        return self._groups.rows_of(self.name, rows)
 
     def _served(self, rows: np.ndarray) -> np.ndarray:
         return narrowed(rows, self.dtype, f"{self.url}, column {self.name!r}")

@@ -350,18 +350,22 @@ class _Shards:
             row += len(frames)
         return tuple(map(np.concatenate, (first_rows, shards, starts, ends, firsts)))
 
-    def gather(self, name: str, rows: np.ndarray) -> np.ndarray:
+    def gather(self, rows: np.ndarray, name: str) -> np.ndarray:
         """Feature ``name``'s ``rows`` (as parsed; a bytes feature's as an
         object array of ``bytes``), a block of records at a time: a batch's
         rows of one block come from one read, the reads in the block cache's
         sliding window; every field of a batch from one gather (`BatchFields`)."""
         return self._fields.field(name, rows, self._gather)
 
+    def rows_of(self, name: str, rows: np.ndarray) -> np.ndarray:
+        """`gather`, as `ranged_values`' fields ask for it."""
+        return self.gather(rows, name)
+
     def _gather(self, rows: np.ndarray) -> dict[str, np.ndarray]:
         fields = {n: f for n, f in self.fields_spec.items() if f[0] != "ragged"}
         return gather_rows(self.cache, self.block, self.blocks()[0], rows, fields)
 
-    def gather_values(self, name: str, values: np.ndarray) -> np.ndarray:
+    def values_of(self, name: str, values: np.ndarray) -> np.ndarray:
         """The ragged feature ``name``'s ``values`` (indices into its values
         back to back, as parsed), a block of records at a time."""
         _, dtype, frame = self.fields_spec[name]
@@ -443,14 +447,15 @@ class RangedExamples(RangedRows):
 
     def __init__(self, shards: _Shards, name: str):
         self._shards, self._name = shards, name
-        _, self._stored, row = shards.fields_spec[name]
+        kind, width = shards.schema[name]
         self.url = f"{shards.objects.url.rstrip('/')}#{name}"
-        self.shape = (shards.rows, *row)
+        self._stored = _dtype(kind)
+        self.shape = (shards.rows, width) if width > 1 else (shards.rows,)
         self.dtype = device_dtype(self._stored)
-        self.nbytes = shards.rows * int(np.prod(row)) * self.dtype.itemsize
+        self.nbytes = shards.rows * width * self.dtype.itemsize
 
     def __repr__(self) -> str:
         return f"RangedExamples({self.url!r}, {self.dtype} {list(self.shape)})"
 
     def _gather(self, rows: np.ndarray) -> np.ndarray:
-        return self._shards.gather(self._name, rows)
+        return self._shards.gather(rows, self._name)

@@ -54,9 +54,9 @@ class _Reader(Protocol):
     """What the fields below read through (`ranged_parquet`'s row groups,
     `ranged_tfrecord`'s shards)."""
 
-    def gather(self, name: str, rows: np.ndarray) -> np.ndarray: ...
+    def rows_of(self, name: str, rows: np.ndarray) -> np.ndarray: ...
 
-    def gather_values(self, name: str, values: np.ndarray) -> np.ndarray: ...
+    def values_of(self, name: str, values: np.ndarray) -> np.ndarray: ...
 
 
 def ragged_parts(values: np.ndarray | RaggedField, frame: tuple[int, ...]) -> RaggedField:
@@ -150,13 +150,13 @@ class RangedBytes:
             row = int(key) + len(self) if key < 0 else int(key)
             if not 0 <= row < len(self):
                 raise IndexError(f"row {key} is outside a field of {len(self)} rows")
-            return self._reader.gather(self._name, np.array([row]))[0]
+            return self._reader.rows_of(self._name, np.array([row]))[0]
         if isinstance(key, slice):
             start, stop, step = key.indices(len(self))
             rows = np.arange(start, stop, step)
             if step == 1:
-                return BytesField.from_values(list(self._reader.gather(self._name, rows)))
-            return self._reader.gather(self._name, rows)
+                return BytesField.from_values(list(self._reader.rows_of(self._name, rows)))
+            return self._reader.rows_of(self._name, rows)
         index = np.asarray(key)
         if index.dtype == np.bool_:
             index = np.flatnonzero(index)
@@ -165,7 +165,7 @@ class RangedBytes:
         flat = np.where(index < 0, index + len(self), index).astype(np.int64)
         if len(flat) and (flat.min() < 0 or flat.max() >= len(self)):
             raise IndexError(f"{self!r}: row index out of range 0..{len(self) - 1}")
-        return self._reader.gather(self._name, flat)
+        return self._reader.rows_of(self._name, flat)
 
     def content(self) -> tuple[np.ndarray, ...]:
         """The arrays that define the field, as the local `BytesField`'s
@@ -195,7 +195,7 @@ class RangedValues(RangedRows):
         return f"RangedValues({self.url!r}, {self.dtype} {list(self.shape)})"
 
     def _gather(self, values: np.ndarray) -> np.ndarray:
-        return self._reader.gather_values(self._name, values)
+        return self._reader.values_of(self._name, values)
 
     def _served(self, values: np.ndarray) -> np.ndarray:
         return narrowed(values, self.dtype, self.url)
