@@ -441,3 +441,27 @@ def test_an_hf_image_column_is_read_in_place_as_its_bytes(varsplit):
     assert isinstance(remote.arrays["image"], RangedBytes)
     every = np.arange(300)
     assert list(remote["image"][every]) == list(local["image"][every]) == pngs
+
+
+def test_a_list_column_takes_the_kind_the_local_copy_gives_it(varsplit, monkeypatch):
+    """A list column whose rows all hold one length is an array of that
+    length, as the local copy makes it; one whose first 1,024 rows (a batch
+    of the local reader) are all empty is refused, as the local copy
+    refuses it."""
+    from jaxfeed.loaders.data.ranged_parquet import RangedParquet
+
+    opts = _opts(varsplit)
+    monkeypatch.setenv("JAXFEED_READ", "ranges")  # small objects: in place all the same
+    same = pa.array([[i, i + 1, i + 2] for i in range(300)], pa.list_(pa.int32()))
+    where = split_store(varsplit, varsplit["local"])
+    _write(where, "pq-lists/train/part-0.parquet", pa.table({"v": same}), 50)
+    remote = jaxfeed.load_dataset(_var_url("pq-lists"), storage_options=opts)
+    local = jaxfeed.load_dataset(str(varsplit["local"] / "pq-lists"))
+    assert isinstance(remote.arrays["v"], RangedParquet) and remote["v"].shape == (300, 3)
+    assert np.asarray(remote["v"]).tobytes() == np.asarray(local["v"]).tobytes()
+    empty = pa.array([[]] * 1024 + [[1]] * 76, pa.list_(pa.int32()))
+    _write(where, "pq-empty/train/part-0.parquet", pa.table({"v": empty}), 550)
+    with pytest.raises(ValueError, match=r"holds 0 values where row 0 holds 0"):
+        jaxfeed.load_dataset(str(varsplit["local"] / "pq-empty"))
+    with pytest.raises(ValueError, match=r"column 'v', rows 0 to 1023 of the file hold empty"):
+        jaxfeed.load_dataset(_var_url("pq-empty"), storage_options=opts)
