@@ -269,8 +269,8 @@ class ArrayDataset(Mapping[str, np.ndarray]):
         names = np.frombuffer(json.dumps(list(self.arrays)).encode(), np.uint8)
         arrays = []
         for array in self.arrays.values():
-            ragged = isinstance(array, BytesField | RaggedField)
-            arrays.extend(array.content() if ragged else (array,))
+            # A bytes or ragged field (a store's read in place too) is its defining arrays.
+            arrays.extend(array.content() if hasattr(array, "content") else (array,))
         return (names, *arrays)
 
     def ragged_fields(self) -> list[str]:
@@ -352,6 +352,8 @@ def _ragged_field(field: RaggedField, where: str) -> RaggedField:
     """``field`` with its values as the device holds them (64-bit narrowed as
     for any field) and in this machine's byte order (the same rules)."""
     values = field.values
+    if isinstance(values, RemoteField) and not isinstance(values, np.ndarray):
+        return field  # a store's values: served in the device's dtype already
     if not values.dtype.isnative:
         values = _native_byte_order(values, where)
     values = as_device_dtype(values, where)

@@ -114,7 +114,7 @@ class HostFieldSource:
 
 
 def _rows(field: np.ndarray | BytesField, rows: np.ndarray, size: int) -> np.ndarray:
-    if isinstance(field, BytesField):
+    if isinstance(field, BytesField) or field.dtype == object:  # a store's read in place too
         out = np.full(size, b"", dtype=object)
         out[: len(rows)] = list(field[rows])
         return out

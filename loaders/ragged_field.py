@@ -20,7 +20,8 @@ class RaggedField:
     into workers as where it lies.
 
     Args:
-      values: every row's values back to back, ``[total, *frame_shape]``, numbers.
+      values: every row's values back to back, ``[total, *frame_shape]``, numbers
+        (or a `RemoteField` of them: a store's values read in place, as asked for).
       offsets: int64 ``[rows + 1]``, from 0, never decreasing, ending at ``len(values)``.
 
     Raises:
@@ -35,7 +36,8 @@ class RaggedField:
     ndim = 1
 
     def __init__(self, values: np.ndarray, offsets: np.ndarray):
-        values = np.asarray(values)
+        if isinstance(values, np.ndarray) or not _read_in_place(values):
+            values = np.asarray(values)
         offsets = np.ascontiguousarray(offsets, dtype=np.int64)
         if values.ndim < 1 or values.dtype.kind not in "biuf":
             raise ValueError(
@@ -141,6 +143,14 @@ class RaggedField:
     def __repr__(self) -> str:
         frame = f" x {list(self.frame_shape)}" if self.frame_shape else ""
         return f"RaggedField({len(self)} rows, {len(self.values)} values{frame}, {self.dtype})"
+
+
+def _read_in_place(values: object) -> bool:
+    """Whether ``values`` are a store's, read as they are asked for (a
+    `RemoteField`): kept so, never read whole into memory."""
+    from jaxfeed.loaders.array_dataset import RemoteField  # it imports this module
+
+    return isinstance(values, RemoteField)
 
 
 def _unpickle(arrays: dict[str, object]) -> RaggedField:

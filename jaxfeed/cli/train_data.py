@@ -24,17 +24,14 @@ def data_record(source: Any, read_from: str) -> dict[str, Any]:
     """What a checkpoint records of one split's data: the content fingerprint
     of the whole split and of each field (to say which changed), and where it
     was read from (named in a refusal, never compared)."""
-    from jaxfeed.loaders.bytes_field import BytesField
     from jaxfeed.loaders.data.cache import fingerprint
-    from jaxfeed.loaders.ragged_field import RaggedField
 
     fields, content = {}, []
     for part, data in parts(source).items():  # a mixture's fields by component
         for name, array in data.arrays.items():
             key = name if part is None else f"{part}/{name}"
-            fields[key] = fingerprint(
-                *(array.content() if isinstance(array, BytesField | RaggedField) else (array,))
-            )
+            # A bytes or ragged field (a store's too) is its defining arrays.
+            fields[key] = fingerprint(*(array.content() if hasattr(array, "content") else (array,)))
         content.extend(data.content())
     return {"fingerprint": fingerprint(*content), "fields": fields, "read_from": read_from}
 

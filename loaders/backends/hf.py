@@ -39,7 +39,6 @@ from jaxfeed.loaders._io.disk_read_ahead import MappedRows
 from jaxfeed.loaders._io.on_disk_fields import OnDiskFields
 from jaxfeed.loaders.array_dataset import ArrayDataset
 from jaxfeed.loaders.backends.sampled_source import SampledSource
-from jaxfeed.loaders.bytes_field import BytesField
 from jaxfeed.loaders.data import superseded
 from jaxfeed.loaders.data.cache import build_once, cache_entry
 from jaxfeed.loaders.sampler import Sampler
@@ -149,7 +148,7 @@ class HFSource(SampledSource):
             return []
         layouts = []
         for column, array in enumerate(self.dataset.arrays.values()):
-            if array.dtype == np.bool_ or isinstance(array, BytesField):  # no fixed row size
+            if array.dtype == np.bool_ or array.dtype == object:  # no fixed row size (bytes)
                 continue
             data = [chunk.column(column).buffers()[-1] for chunk in self._chunks]
             bases = np.array([buffer.address for buffer in data], np.int64)
@@ -325,7 +324,7 @@ def _schema(dataset: ArrayDataset) -> pa.Schema:
     features read back far slower)."""
     features = {}
     for key, array in dataset.arrays.items():
-        if isinstance(array, BytesField):  # int64 offsets: no 2 GiB limit per record batch
+        if array.dtype == object:  # bytes (a store's too): int64 offsets, no 2 GiB limit
             features[key] = datasets.Value("large_binary")
             continue
         value = datasets.Value(array.dtype.name)
@@ -341,7 +340,7 @@ def _record_batch(
     buffers (no copy, except bools, which Arrow packs into bits)."""
     columns = []
     for array in dataset.arrays.values():
-        if isinstance(array, BytesField):
+        if array.dtype == object:  # a BytesField, or a store's read in place: its slice is one
             part = array[start:stop]
             buffers = [None, pa.py_buffer(part.offsets), pa.py_buffer(part.data)]
             columns.append(pa.Array.from_buffers(pa.large_binary(), len(part), buffers))

@@ -14,6 +14,7 @@ Its modules are internal.
 - `ranged_parquet`: Parquet objects read in place, a row group per ranged read, through that cache.
 - `ranged_tfrecord`: TFRecord shards read in place from an offset index per object version.
 - `ranged_arrayrecord`: ArrayRecord files read in place, runs of chunks, from a chunk index.
+- `ranged_values`: their bytes and ragged fields read in place, a batch's values at a time.
 - `superseded`: copies a newer one of the same source replaces.
 - `formats`: the user's files (TFRecord, ArrayRecord, Parquet, ...).
 """

@@ -13,12 +13,17 @@ features the copy would make of it. The index is saved in jaxfeed's cache
 without reading the object again, and a changed object gets a new one.
 
 Rows are then read a block of consecutive records at a time (one ranged
-read) and parsed by jaxfeed's own Example parser into the arrays the local
-copy holds (same fields, dtypes and order), through a `BlockCache` as
-`ranged_npy` reads rows. Only what is read identically is read in place:
-uncompressed shards (a gzip stream has no random access) whose features are
-numbers of one length in every record; the rest is refused by name under
-``JAXFEED_READ=ranges`` and fetched whole under ``auto``.
+read) and parsed by jaxfeed's own Example parser into the fields the local
+copy holds (same fields, kinds, dtypes and order), through a `BlockCache` as
+`ranged_npy` reads rows: a number feature of one length in every record an
+array (`RangedExamples`), a bytes feature (an encoded image) a
+`ranged_values.RangedBytes`, a number feature whose records hold different
+numbers of values a `RaggedField` over `ranged_values.RangedValues`, its
+offsets from the index (which records each record's values per feature).
+A block holds as many records as fit a quarter of the block cache, parsed.
+gzip-compressed shards are not read in place (a gzip stream has no random
+access): refused by name under ``JAXFEED_READ=ranges``, fetched whole under
+``auto``.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from pathlib import Path, PurePosixPath
 
 import numpy as np
 from jaxfeed.loaders.array_dataset import device_dtype
+from jaxfeed.loaders.bytes_field import BytesField
 from jaxfeed.loaders.data.cache import build_once, cache_root
 from jaxfeed.loaders.data.formats.detect import named_split
 from jaxfeed.loaders.data.formats.example import (
@@ -52,12 +58,21 @@ from jaxfeed.loaders.data.ranged_npy import (
     RangedRows,
     read_mode,
 )
-from jaxfeed.loaders.data.remote import FETCH_THREADS, RemoteObjects, cache_bytes
+from jaxfeed.loaders.data.ranged_values import (
+    FieldBlock,
+    RangedBytes,
+    RangedValues,
+    gather_rows,
+    gather_values,
+    ragged_parts,
+)
+from jaxfeed.loaders.data.remote import CACHE_BYTES_ENV, FETCH_THREADS, RemoteObjects, cache_bytes
+from jaxfeed.loaders.ragged_field import RaggedField
 
 __all__ = ["INDEX_DIR", "RangedExamples", "example_dtype", "split_shards", "tfrecord_fields"]
 
 INDEX_DIR = "tfrecord-index"  # under jaxfeed's cache: one entry per object version
-LAYOUT = "v1"  # of an index entry: bumping it builds them again
+LAYOUT = "v2"  # of an index entry: bumping it builds them again (v2: each record's sizes)
 STREAM_BYTES = 8 << 20  # one ranged read of the pass that builds an index
 _HEADER, _FRAMING = 12, 16  # length + its CRC; and the data's CRC after the data
 _ROOT = PurePosixPath("/jaxfeed-remote")  # stands for the URL in `named_split`'s messages
@@ -73,9 +88,9 @@ def tfrecord_fields(
 
     Raises:
       ValueError: an unknown ``JAXFEED_READ``; under ``ranges``, shards that cannot be read in
-        place (gzip-compressed, bytes or ragged features, shards of other
-        features), naming the object and the fix; a damaged object (named,
-        with the record and byte), as the local reader says.
+        place (gzip-compressed, shards of other features), naming the object
+        and the fix; a damaged object (named, with the record and byte), as
+        the local reader says; a record past the block cache's bound.
       MissingSplitError: the shards hold other splits but not ``split``.
     """
     mode = read_mode(objects)
@@ -100,8 +115,7 @@ def tfrecord_fields(
         )
     kept = {r: i for r, i in indexes.items() if i["records"]}
     reader = _Shards(objects, kept, BlockCache(cache_bytes() // 4))
-    fields = {name: RangedExamples(reader, name) for name in reader.schema}
-    return fields, [i["records"] for i in kept.values()]
+    return reader.fields(), [i["records"] for i in kept.values()]
 
 
 def split_shards(
@@ -159,8 +173,10 @@ def _named(objects: RemoteObjects, files: list, split: str, splits: tuple[str, .
 def _index(objects: RemoteObjects, relative: str) -> dict:
     """One object's index, built by streaming it once unless the cache holds
     it: ``records``, ``frames`` (int64 ``[n, 2]``: where each record's frame
-    starts, its data's length), ``schema`` (the features, as `example_batch`
-    takes them) and ``refused`` (why it is not read in place, or None)."""
+    starts, its data's length), ``sizes`` (int64 ``[n, features]``: each
+    record's values of each number feature, bytes of each bytes feature),
+    ``schema`` (the features, as `example_batch` takes them) and
+    ``refused`` (why it is not read in place, or None)."""
     listed = objects.made_from[relative]
     key = entry_key(objects.object_url(relative), listed.size, listed.identity)
     path = build_once(
@@ -169,16 +185,17 @@ def _index(objects: RemoteObjects, relative: str) -> dict:
     )
     meta = json.loads((path / "index.json").read_text())
     meta["schema"] = {name: (kind, length) for name, kind, length in meta["schema"]}
-    return {**meta, "path": str(path / "frames.npy")}
+    return {**meta, "path": str(path / "frames.npy"), "sizes": str(path / "sizes.npy")}
 
 
 def _write_index(objects: RemoteObjects, relative: str, size: int, scratch: Path) -> None:
     url = objects.object_url(relative)
     lengths: list[int] = []
+    sizes: list[np.ndarray] = []  # per batch: [k, features]
     schema: dict[str, tuple[str, int]] = {}
     refused = None
     if objects.read(relative, 0, min(size, 2)) == GZIP_MAGIC:
-        refused = "it is gzip-compressed (no random access)"
+        refused = "it is gzip-compressed (a gzip stream has no random access)"
     else:
         starts = range(0, size, STREAM_BYTES)
         chunks = (objects.read(relative, s, min(s + STREAM_BYTES, size)) for s in starts)
@@ -191,17 +208,26 @@ def _write_index(objects: RemoteObjects, relative: str, size: int, scratch: Path
                 yield record
 
         for batch in example_batches(counted()):  # every record: the copy's errors, named
-            for name, values in batch.items():
-                if refused is None and not isinstance(values, np.ndarray):
-                    what = "bytes" if isinstance(values, list) else "rows of different lengths"
-                    refused = f"its feature {name!r} holds {what}"
+            sizes.append(np.stack([_sizes(values) for values in batch.values()], axis=1))
     frames = np.zeros((len(lengths), 2), np.int64)
     frames[:, 1] = lengths
     frames[1:, 0] = np.cumsum(frames[:-1, 1] + _FRAMING)
     np.save(scratch / "frames.npy", frames)
+    every = np.concatenate(sizes) if sizes else np.zeros((0, len(schema)), np.int64)
+    np.save(scratch / "sizes.npy", every.astype(np.int64))
     listed = [[name, kind, length] for name, (kind, length) in schema.items()]
     meta = {"url": url, "records": len(lengths), "schema": listed, "refused": refused}
     (scratch / "index.json").write_text(json.dumps(meta))
+
+
+def _sizes(values: np.ndarray | RaggedField | list[bytes]) -> np.ndarray:
+    """Each record's values of one feature of a parsed batch (`example_batch`):
+    its number of values, or a bytes feature's bytes."""
+    if isinstance(values, RaggedField):
+        return values.lengths
+    if isinstance(values, np.ndarray):
+        return np.full(len(values), int(np.prod(values.shape[1:])), np.int64)
+    return np.fromiter(map(len, values), np.int64, len(values))
 
 
 def _refusal(objects: RemoteObjects, indexes: Mapping[str, dict]) -> str | None:
@@ -212,8 +238,9 @@ def _refusal(objects: RemoteObjects, indexes: Mapping[str, dict]) -> str | None:
     first = next((r for r, i in indexes.items() if i["records"]), None)
     if first is None:
         return f"{objects.url} holds no records"
+    kinds = {name: kind for name, (kind, _) in indexes[first]["schema"].items()}
     for relative, index in indexes.items():
-        if index["records"] and index["schema"] != indexes[first]["schema"]:
+        if index["records"] and {n: k for n, (k, _) in index["schema"].items()} != kinds:
             return (
                 f"{objects.object_url(relative)} holds features {index['schema']}, "
                 f"{objects.object_url(first)} {indexes[first]['schema']}"
@@ -229,20 +256,65 @@ class _Shards:
         self.objects, self.cache = objects, cache
         self.relatives = list(indexes)
         self.paths = [i["path"] for i in indexes.values()]  # what a worker loads again
+        self.size_paths = [i["sizes"] for i in indexes.values()]
         first = next(iter(indexes.values()))["schema"]
-        self.schema = first  # name -> (kind, values per record): `example_batch` takes it
+        self.schema = first  # name -> (kind, values of the first record): `example_batch` takes it
         self.rows = sum(i["records"] for i in indexes.values())
-        self.row_bytes = sum(n * (4 if k == "float" else 8) for k, n in first.values())
+        sizes = [np.load(i["sizes"]) for i in indexes.values()]
+        every = np.concatenate(sizes)
+        # Each feature: ("array", dtype, row shape), ("bytes", ...) or ("ragged", dtype, ()),
+        # as the local copy makes it: ragged where any record holds another number
+        # of values than the split's first record.
+        self.fields_spec: dict[str, tuple[str, np.dtype, tuple[int, ...]]] = {}
+        self.offsets: dict[str, np.ndarray] = {}
+        self.nbytes: dict[str, int] = {}
+        for column, (name, (kind, length)) in enumerate(first.items()):
+            counts = every[:, column]
+            self.nbytes[name] = int(counts.sum())
+            if kind == "bytes":
+                self.fields_spec[name] = ("bytes", np.dtype(object), ())
+            elif np.all(counts == length):
+                row = (length,) if length > 1 else ()
+                self.fields_spec[name] = ("array", example_dtype(kind), row)
+            else:
+                self.fields_spec[name] = ("ragged", example_dtype(kind), ())
+                self.offsets[name] = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        # What each record takes parsed: the block cache's blocks are planned by it.
+        self._parsed = [self._parsed_bytes(s) for s in sizes]
         self._blocks: tuple[np.ndarray, ...] | None = None
         self._fields = BatchFields(cache.max_bytes)
         self._lock = threading.Lock()
 
     def __getstate__(self) -> dict:
-        # Into a worker: the index paths, not their arrays (loaded there again).
+        # Into a worker: the index paths, not their block plan (made there again).
         return {**self.__dict__, "_blocks": None, "_lock": None}
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state, _lock=threading.Lock())
+
+    def _parsed_bytes(self, sizes: np.ndarray) -> np.ndarray:
+        """Each record's bytes parsed (``sizes``: its index's), as a block holds them."""
+        out = np.zeros(len(sizes), np.int64)
+        for column, (kind, dtype, _) in enumerate(self.fields_spec.values()):
+            item = 1 if kind == "bytes" else dtype.itemsize
+            out += sizes[:, column] * item + (8 if kind != "array" else 0)  # + an offset
+        return out
+
+    def fields(self) -> dict:
+        """Each feature as the local copy holds it (see the module)."""
+        url = self.objects.url.rstrip("/")
+        out: dict = {}
+        for name, (kind, dtype, _) in self.fields_spec.items():
+            if kind == "array":
+                out[name] = RangedExamples(self, name)
+            elif kind == "bytes":
+                out[name] = RangedBytes(self, name, self.rows, self.nbytes[name], f"{url}#{name}")
+            else:
+                offsets = self.offsets[name]
+                total = int(offsets[-1])
+                values = RangedValues(self, name, total, (), device_dtype(dtype), f"{url}#{name}")
+                out[name] = RaggedField(values, offsets)
+        return out
 
     def blocks(self) -> tuple[np.ndarray, ...]:
         """Per block: its first row of the split, its shard, and the byte range
@@ -253,80 +325,103 @@ class _Shards:
             return self._blocks
 
     def _plan(self) -> tuple[np.ndarray, ...]:
+        """Runs of records, each at most `BLOCK_BYTES` to read and a quarter of
+        the block cache parsed (taken greedily, in order).
+
+        Raises:
+          ValueError: a record that alone takes more than that parsed.
+        """
         bound = min(BLOCK_BYTES, max(1, self.cache.max_bytes // 4))
-        most_rows = max(1, bound // max(1, self.row_bytes))  # parsed, they fit the bound too
         first_rows, shards, starts, ends, firsts = [], [], [], [], []
         row = 0
         for shard, path in enumerate(self.paths):
             frames = np.load(path)
-            n = len(frames)
+            parsed = self._parsed[shard]
+            big = np.flatnonzero(parsed > bound)
+            if len(big):
+                record = int(big[0])
+                raise ValueError(
+                    f"{self.objects.object_url(self.relatives[shard])}, record {record} takes "
+                    f"{parsed[record]} bytes parsed, past the {bound} bytes of a block read in "
+                    f"place (a quarter of a quarter of {CACHE_BYTES_ENV}); raise "
+                    f"{CACHE_BYTES_ENV} to at least {16 * int(parsed[record])}"
+                )
             at = frames[:, 0]
-            key = np.stack([at // bound, np.arange(n) // most_rows])
-            new = np.concatenate(([True], np.any(key[:, 1:] != key[:, :-1], axis=0)))
-            first = np.flatnonzero(new)
-            last = np.concatenate((first[1:], [n])) - 1
+            window = (at // bound).tolist()
+            new, held, opened = [], 0, -1
+            for i, size in enumerate(parsed.tolist()):  # greedy: a record per step
+                if i == 0 or window[i] != opened or held + size > bound:
+                    new.append(i)
+                    held, opened = 0, window[i]
+                held += size
+            first = np.asarray(new, np.int64)
+            last = np.concatenate((first[1:], [len(frames)])) - 1
             first_rows.append(row + first)
             shards.append(np.full(len(first), shard))
             starts.append(at[first])
             ends.append(at[last] + frames[last, 1] + _FRAMING)
             firsts.append(first)
-            row += n
+            row += len(frames)
         return tuple(map(np.concatenate, (first_rows, shards, starts, ends, firsts)))
 
-    def block_of(self, rows: np.ndarray) -> np.ndarray:
-        return np.searchsorted(self.blocks()[0], rows, side="right") - 1
-
     def gather(self, rows: np.ndarray, name: str) -> np.ndarray:
-        """Field ``name``'s ``rows`` (as parsed), a block of records at a time:
-        a batch's rows of one block come from one read, the reads in the block
-        cache's sliding window; every field of a batch from one gather
-        (`BatchFields`)."""
+        """Feature ``name``'s ``rows`` (as parsed; a bytes feature's as an
+        object array of ``bytes``), a block of records at a time: a batch's
+        rows of one block come from one read, the reads in the block cache's
+        sliding window; every field of a batch from one gather (`BatchFields`)."""
         return self._fields.field(name, rows, self._gather)
 
+    def rows_of(self, name: str, rows: np.ndarray) -> np.ndarray:
+        """`gather`, as `ranged_values`' fields ask for it."""
+        return self.gather(rows, name)
+
     def _gather(self, rows: np.ndarray) -> dict[str, np.ndarray]:
-        out = {
-            name: np.empty((len(rows), *([n] if n > 1 else [])), example_dtype(kind))
-            for name, (kind, n) in self.schema.items()
-        }
-        blocks = self.block_of(rows)
-        order = np.argsort(blocks, kind="stable")
-        needed, starts = np.unique(blocks[order], return_index=True)
-        groups = np.split(order, starts[1:])
-        first_rows = self.blocks()[0]
-        for i, parsed in self.cache.blocks([self.block(int(b)) for b in needed]):
-            where = groups[i]
-            at = rows[where] - first_rows[needed[i]]
-            for field in out:
-                out[field][where] = parsed[field][at]
-        return out
+        fields = {n: f for n, f in self.fields_spec.items() if f[0] != "ragged"}
+        return gather_rows(self.cache, self.block, self.blocks()[0], rows, fields)
+
+    def values_of(self, name: str, values: np.ndarray) -> np.ndarray:
+        """The ragged feature ``name``'s ``values`` (indices into its values
+        back to back, as parsed), a block of records at a time."""
+        _, dtype, frame = self.fields_spec[name]
+        starts = self.offsets[name][self.blocks()[0]]
+        return gather_values(self.cache, self.block, starts, values, name, dtype, frame)
 
     def block(self, block: int) -> Block:
-        """Block ``block``: its rows' every field (as parsed), as one structured
-        array (the block cache holds arrays)."""
+        """Block ``block``: its rows' every field, parsed as the local copy
+        parses them (`example_batch`)."""
         first_rows, shards, starts, ends, firsts = self.blocks()
-        count = (first_rows[block + 1] if block + 1 < len(first_rows) else self.rows) - int(
-            first_rows[block]
-        )
+        row = int(first_rows[block])
+        count = (first_rows[block + 1] if block + 1 < len(first_rows) else self.rows) - row
         relative = self.relatives[shards[block]]
         start, end, first = int(starts[block]), int(ends[block]), int(firsts[block])
+        nbytes = int(self._parsed[shards[block]][first : first + count].sum())
 
-        def read() -> np.ndarray:
+        def read() -> FieldBlock:
             url = self.objects.object_url(relative)
             records = _records(url, self.objects.read(relative, start, end), start)
             batch = example_batch(
                 [(url, first + i, r) for i, (_, r) in enumerate(records)], self.schema
             )
-            if len(records) != count or not all(isinstance(v, np.ndarray) for v in batch.values()):
+            parsed = FieldBlock()
+            for name, values in batch.items():
+                kind = self.fields_spec[name][0]
+                if kind == "bytes":
+                    parsed[name] = BytesField.from_values(values)
+                elif kind == "ragged":
+                    parsed[name] = ragged_parts(values, ())
+                    want = self.offsets[name][row : row + count + 1]
+                    if not np.array_equal(parsed[name].offsets, want - want[0]):
+                        parsed[name] = None
+                else:
+                    parsed[name] = values if isinstance(values, np.ndarray) else None
+            if len(records) != count or any(v is None for v in parsed.values()):
                 raise ValueError(
                     f"{url} bytes {start}-{end - 1} no longer hold the records it was indexed "
                     "with: it changed; make the source again"
                 )
-            parsed = np.empty(count, [(k, v.dtype, v.shape[1:]) for k, v in batch.items()])
-            for k, v in batch.items():
-                parsed[k] = v
             return parsed
 
-        return Block(("tfrecord", block), "big", count * self.row_bytes, read)
+        return Block(("tfrecord", block), "big", nbytes, read)
 
 
 def example_dtype(kind: str) -> np.dtype:

@@ -193,21 +193,15 @@ def test_a_damaged_length_names_the_object_and_its_byte(shards, tmp_path):
         shards["env"].delenv("JAXFEED_READ")
 
 
-@pytest.mark.parametrize("kind", ["gzip", "bytes"])
-def test_what_is_not_read_in_place_is_named_under_ranges_and_fetched_under_auto(
-    shards, tmp_path, kind
-):
-    rows = _rows(np.random.default_rng(5), 400)
-    data = _tfrecord(rows)
-    if kind == "gzip":
-        data, why = gzip.compress(data), "it is gzip-compressed"
-    else:
-        data = _tfrecord([serialize_example({"png": b"\x89PNG" * i}) for i in range(1, 400)])
-        why = "its feature 'png' holds bytes"
-    url = _put(shards, tmp_path, f"tfr-{kind}/", {"train-0.tfrecord": data})
+def test_gzip_shards_are_named_under_ranges_and_fetched_under_auto(shards, tmp_path):
+    """A gzip stream has no random access: such a shard is fetched whole."""
+    data = gzip.compress(_tfrecord(_rows(np.random.default_rng(5), 400)))
+    url = _put(shards, tmp_path, "tfr-gzip/", {"train-0.tfrecord": data})
     shards["env"].setenv("JAXFEED_READ", "ranges")
     try:
-        with pytest.raises(ValueError, match=rf"train-0\.tfrecord: {why}.*JAXFEED_READ=whole"):
+        with pytest.raises(
+            ValueError, match=r"train-0\.tfrecord: it is gzip-compressed.*JAXFEED_READ=whole"
+        ):
             jaxfeed.load_dataset(url, storage_options=_opts(shards))
     finally:
         shards["env"].delenv("JAXFEED_READ")
@@ -219,3 +213,176 @@ def test_what_is_not_read_in_place_is_named_under_ranges_and_fetched_under_auto(
     finally:
         shards["env"].setenv("JAXFEED_CACHE_BYTES", str(CACHE_BYTES))
     assert not any(isinstance(f, RangedExamples) for f in whole.arrays.values())
+
+
+def test_a_record_past_a_block_is_refused_by_name(shards, tmp_path):
+    data = _tfrecord([serialize_example({"png": b"\x89PNG" * i}) for i in range(1, 400)])
+    url = _put(shards, tmp_path, "tfr-bytes/", {"train-0.tfrecord": data})
+    with pytest.raises(
+        ValueError,
+        match=r"tfr-bytes/train-0\.tfrecord, record 254 takes 1028 bytes parsed, past the "
+        r"1024 bytes of a block read in place .*JAXFEED_CACHE_BYTES to at least 16448",
+    ):
+        jaxfeed.load_dataset(url, storage_options=_opts(shards))
+
+
+VAR_CACHE = 64_000  # below each split's shards; blocks of 4,000 bytes parsed, 16,000 held
+
+
+@pytest.fixture(scope="module")
+def varshards(store, tmp_path_factory):
+    """TFRecord shards of variable-length features, in the store and on local
+    disk: ``tfr-img/`` PNG bytes of small images, a label and a text bytes
+    feature (three shards); ``tfr-tok/`` a token corpus: int64 ids (negative
+    too) and floats, of one length per record that differs between records
+    (three shards)."""
+    from jaxfeed.loaders.data.encoded import encode_png
+
+    local = tmp_path_factory.mktemp("tfrvar")
+    rng = np.random.default_rng(12)
+    img, tok = {}, {}
+    for part in range(3):
+        images = rng.integers(0, 256, (80, 8, 8, 3), dtype=np.uint8)
+        pngs, labels = encode_png(images), rng.integers(0, 10, 80)
+        texts = [("é" * int(n)).encode() for n in rng.integers(0, 9, 80)]
+        img[f"train-{part:05d}-of-00003.tfrecord"] = _tfrecord(
+            [
+                serialize_example({"png": p, "label": np.array([y]), "s": t})
+                for p, y, t in zip(pngs, labels, texts, strict=True)
+            ]
+        )
+        rows = []
+        for n in rng.integers(1, 41, 200):
+            ids = rng.integers(-(1 << 20), 1 << 30, n)
+            rows.append(serialize_example({"tokens": ids, "w": rng.normal(size=n).astype("f4")}))
+        tok[f"train-{part:05d}-of-00003.tfrecord"] = _tfrecord(rows)
+    made = {}
+    for prefix, shards in (("tfr-img/", img), ("tfr-tok/", tok)):
+        assert sum(map(len, shards.values())) > VAR_CACHE, prefix
+        made[prefix] = _put(store, local / prefix, prefix, shards)
+    with store["env"].context() as env:
+        env.setenv("JAXFEED_CACHE_BYTES", str(VAR_CACHE))
+        env.setenv("JAXFEED_CACHE_DIR", str(tmp_path_factory.mktemp("tfrvar-cache")))
+        yield {**store, "local": local, "urls": made, "env": env}
+
+
+def _sequence_epochs(source) -> list[list[dict]]:
+    return [[dict(b) for b in source.iter_epoch(e)] for e in range(2)]
+
+
+def _nothing_fetched_whole() -> None:
+    assert list(Path(os.environ["JAXFEED_CACHE_DIR"]).glob("objects/*/*.tfrecord")) == []
+
+
+def _close(source) -> None:
+    if hasattr(source, "close"):
+        source.close()
+
+
+def test_bytes_features_are_read_in_place_as_the_local_bytes_fields(varshards):
+    from jaxfeed.loaders.bytes_field import BytesField
+    from jaxfeed.loaders.data.ranged_values import RangedBytes
+
+    local = jaxfeed.load_dataset(str(varshards["local"] / "tfr-img"))
+    remote = jaxfeed.load_dataset(varshards["urls"]["tfr-img/"], storage_options=_opts(varshards))
+    assert remote.units == local.units == (80, 80, 80)
+    assert remote.bytes_fields() == local.bytes_fields() == ["png", "s"]
+    every = np.arange(len(local))
+    for name in ("png", "s"):
+        field = remote.arrays[name]
+        assert isinstance(field, RangedBytes) and field.shape == local[name].shape, field
+        assert list(field[every]) == list(local[name][every]), name  # every row, byte for byte
+        part = field[37:181]
+        assert isinstance(part, BytesField) and isinstance(remote.head[name], BytesField)
+        assert np.array_equal(part.offsets, local[name][37:181].offsets)
+        assert part.data.tobytes() == local[name][37:181].data.tobytes()
+        assert field[-1] == local[name][-1]
+    assert isinstance(remote.arrays["label"], RangedExamples)
+    assert np.array_equal(remote["label"][:], local["label"])
+    _nothing_fetched_whole()
+
+
+@pytest.mark.parametrize("backend", ["numpy", "torch", "grain"])
+def test_png_features_decode_into_the_local_copys_batches(varshards, backend):
+    """The local path's image decoding (``digits-png``'s ``augment``) over
+    bytes read in place, the text feature riding along as a host field: the
+    local copy's batches over two epochs and a resume, within the bound."""
+    from jaxfeed.loaders.data.encoded import augment
+
+    kwargs = {"batch_size": 32, "shuffle": True, "transform": augment, "host_fields": ("s",)}
+    want = _epochs(jaxfeed.make("numpy", dataset=str(varshards["local"] / "tfr-img"), **kwargs))
+    url = varshards["urls"]["tfr-img/"]
+    source = jaxfeed.make(backend, dataset=url, storage_options=_opts(varshards), **kwargs)
+    try:
+        assert sorted(want[0]) == ["image", "label", "mask", "s"]
+        assert _same(_epochs(source), want), backend
+        resumed = [dict(b) for b in source.iter_epoch(1, start=3)]
+        assert _same(resumed, want[len(want) // 2 + 3 :]), backend
+    finally:
+        _close(source)
+    _nothing_fetched_whole()
+
+
+@pytest.mark.parametrize("backend", ["numpy", "torch", "grain"])
+def test_a_token_corpus_packs_and_pads_from_features_read_in_place(varshards, backend):
+    """``make(backend, dataset=URL, pack=L)`` and ``pad=L`` over variable-length
+    features read in place: the local copy's offsets, values and batches over
+    two epochs and a resume, within the block cache's bound."""
+    from jaxfeed.loaders.data.ranged_values import RangedValues
+    from jaxfeed.loaders.ragged_field import RaggedField
+
+    opts, url = _opts(varshards), varshards["urls"]["tfr-tok/"]
+    local_data = jaxfeed.load_dataset(str(varshards["local"] / "tfr-tok"))
+    remote = jaxfeed.load_dataset(url, storage_options=opts)
+    assert remote.ragged_fields() == local_data.ragged_fields() == ["tokens", "w"]
+    for name in ("tokens", "w"):
+        field, want = remote.arrays[name], local_data[name]
+        assert isinstance(field, RaggedField) and isinstance(field.values, RangedValues)
+        assert np.array_equal(field.offsets, want.offsets) and field.offsets.dtype == np.int64
+        assert field.values.dtype == want.values.dtype and field.values.shape == want.values.shape
+        assert np.asarray(field.values[:]).tobytes() == np.asarray(want.values).tobytes(), name
+    for layout in ({"pack": 64}, {"pad": 40}):
+        kwargs = {"batch_size": 8, "shuffle": True, **layout}
+        want = _sequence_epochs(
+            jaxfeed.make("numpy", dataset=str(varshards["local"] / "tfr-tok"), **kwargs)
+        )
+        source = jaxfeed.make(backend, dataset=url, storage_options=opts, **kwargs)
+        try:
+            got = _sequence_epochs(source)
+            assert all(_same(g, w) for g, w in zip(got, want, strict=True)), (backend, layout)
+            resumed = [dict(b) for b in source.iter_epoch(1, start=2)]
+            assert _same(resumed, want[1][2:]), (backend, layout)
+            cache = source.dataset.arrays["tokens"].values._reader.cache
+            assert 0 < cache.peak_bytes <= cache.max_bytes == VAR_CACHE // 4, cache.peak_bytes
+        finally:
+            _close(source)
+    _nothing_fetched_whole()
+
+
+@pytest.mark.slow  # two worker processes
+def test_torch_workers_read_variable_length_features_in_place(varshards):
+    from jaxfeed.loaders.data.encoded import augment
+
+    for prefix, kwargs in (
+        ("tfr-img", {"batch_size": 32, "transform": augment}),
+        ("tfr-tok", {"batch_size": 8, "pack": 64}),
+    ):
+        kwargs = {"shuffle": True, **kwargs}
+        want = _sequence_epochs(
+            jaxfeed.make("numpy", dataset=str(varshards["local"] / prefix), **kwargs)
+        )
+        source = jaxfeed.make(
+            "torch",
+            dataset=varshards["urls"][f"{prefix}/"],
+            storage_options=_opts(varshards),
+            num_workers=2,
+            **kwargs,
+        )
+        try:
+            got = _sequence_epochs(source)
+            assert all(_same(g, w) for g, w in zip(got, want, strict=True)), prefix
+            resumed = [dict(b) for b in source.iter_epoch(1, start=2)]
+            assert _same(resumed, want[1][2:]), prefix
+        finally:
+            source.close()
+    _nothing_fetched_whole()
