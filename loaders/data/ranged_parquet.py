@@ -203,7 +203,7 @@ class _RowGroups:
         of one group come from one block, the missing blocks read in the
         cache's sliding window (`BlockCache.blocks`)."""
         out = {n: np.empty((len(rows), *s), d) for n, (d, s) in self.columns.items()}
-        groups = np.searchsorted(self._starts, rows, side="right") - 1
+        groups = self._group_of(rows)
         order = np.argsort(groups, kind="stable")
         needed, starts = np.unique(groups[order], return_index=True)
         wheres = np.split(order, starts[1:])
@@ -212,6 +212,13 @@ class _RowGroups:
             for name, array in out.items():
                 array[where] = block[name][rows[where] - self._starts[needed[i]]]
         return out
+
+    def _group_of(self, rows: np.ndarray) -> np.ndarray:
+        return np.searchsorted(self._starts, rows, side="right") - 1
+
+    def blocks_of(self, rows: np.ndarray) -> list[Block]:
+        """The row groups a gather of ``rows`` reads."""
+        return [self._block(int(g)) for g in np.unique(self._group_of(rows))]
 
     def _block(self, index: int) -> Block:
         """Row group ``index`` (of all the split's): its columns, decoded."""
@@ -351,6 +358,9 @@ class RangedParquet(RangedRows):
 
     def _gather(self, rows: np.ndarray) -> np.ndarray:
         return self._groups.gather(self.name, rows)
+
+    def _blocks_of(self, rows: np.ndarray) -> list[Block]:
+        return self._groups.blocks_of(rows)
 
     def _served(self, rows: np.ndarray) -> np.ndarray:
         return narrowed(rows, self.dtype, f"{self.url}, column {self.name!r}")

@@ -363,5 +363,12 @@ class RangedExamples(RangedRows):
     def __repr__(self) -> str:
         return f"RangedExamples({self.url!r}, {self.dtype} {list(self.shape)})"
 
+    @property
+    def cache(self) -> BlockCache:
+        return self._shards.cache
+
     def _gather(self, rows: np.ndarray) -> np.ndarray:
         return self._shards.gather(rows, self._name)
+
+    def _blocks_of(self, rows: np.ndarray) -> list[Block]:
+        return [self._shards.block(int(b)) for b in np.unique(self._shards.block_of(rows))]
