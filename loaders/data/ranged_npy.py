@@ -189,11 +189,12 @@ class _Read:
     ``waiters``: the `BlockCache.blocks` calls waiting for it; ``pins``: the
     read-ahead's ``(owner, step)`` of each batch to come that wants it."""
 
-    __slots__ = ("block", "future", "waiters", "pins", "started", "hinted")
+    __slots__ = ("block", "future", "waiters", "pins", "started", "hinted", "ahead")
 
     def __init__(self, block: Block):
         self.block, self.future = block, concurrent.futures.Future()
         self.waiters, self.pins, self.started, self.hinted = 0, [], False, False
+        self.ahead = False  # started for the read-ahead: its failure is no batch's
 
 
 class BlockCache:
@@ -260,12 +261,7 @@ class BlockCache:
                 if found is not None:
                     ready.append((i, found))
                     continue
-                entry = self._pending.get(block.key)
-                if entry is None:
-                    entry = self._pending[block.key] = _Read(block)
-                if not entry.started and not entry.waiters:
-                    self._urgent.append(entry)
-                entry.waiters += 1
+                entry = self._ask(block)
                 waiting[entry.future] = (i, entry)
             self._dispatch()
         try:
@@ -277,6 +273,11 @@ class BlockCache:
                     i, entry = waiting.pop(future)
                     with self._lock:
                         entry.waiters -= 1
+                        if future.exception() is not None and entry.ahead:
+                            again = self._ask(entry.block)  # the batch's own read decides
+                            waiting[again.future] = (i, again)
+                            self._dispatch()
+                            continue
                         if future.exception() is None:
                             self._take(entry.block.key)  # its pin, if it was read ahead
                     yield i, future.result()
@@ -286,6 +287,17 @@ class BlockCache:
                     entry.waiters -= 1
                     self._drop_if_unwanted(entry)
                 self._dispatch()
+
+    def _ask(self, block: Block) -> _Read:
+        """A batch waits for ``block``: its read, queued first if not yet
+        asked for (called holding the lock)."""
+        entry = self._pending.get(block.key)
+        if entry is None:
+            entry = self._pending[block.key] = _Read(block)
+        if not entry.started and not entry.waiters:
+            self._urgent.append(entry)
+        entry.waiters += 1
+        return entry
 
     def hint(self, blocks: Sequence[Block], pin: tuple[Any, int]) -> bool:
         """Reads ``blocks`` ahead for a batch to come (``pin``: the read-ahead
@@ -399,7 +411,7 @@ class BlockCache:
         if entry.hinted:
             entry.hinted = False
             self._hinted_bytes -= block.nbytes
-        entry.started = True
+        entry.started, entry.ahead = True, not urgent
         self.nbytes += block.nbytes
         self.reading += block.nbytes
         self.peak_bytes = max(self.peak_bytes, self.nbytes)
