@@ -307,7 +307,11 @@ class BlockCache:
         with self._lock:
             for block in blocks:
                 if block.key in self._blocks:
-                    held = self._blocks.pop(block.key)
+                    held = self._blocks[block.key]
+                    if self.pinned + held.nbytes > self.ahead_bytes:
+                        self._blocks.move_to_end(block.key)  # kept while it can be
+                        continue
+                    del self._blocks[block.key]
                     self._pinned[block.key] = [held, [pin]]
                     self.pinned += held.nbytes
                 elif block.key in self._pinned:
@@ -397,8 +401,8 @@ class BlockCache:
         block = entry.block
         if self._running[block.size] >= self.depths[block.size].depth:
             return False
-        if urgent:
-            if self.reading and self.reading + block.nbytes > self.max_bytes:
+        if urgent:  # past the blocks read ahead: one read evicting them would be read again
+            if self.reading and self.reading + self.pinned + block.nbytes > self.max_bytes:
                 return False
         elif self.reading + self.pinned + block.nbytes > self.ahead_bytes:
             return False
