@@ -10,7 +10,9 @@ by block, so one request serves every row of a block: big blocks
 (`BLOCK_BYTES`) where a batch's rows share them (``shuffle="blocks"``), small
 ones (`SMALL_BYTES`) where they are scattered (a full permutation). A batch's
 reads run in a sliding window, as many at once as `ReadDepth` measures the
-link needs, and no more bytes than the cache holds.
+link needs, and no more bytes than the cache holds; the blocks of the batches
+to come fill it while nothing else waits (`BlockCache.hint`, from
+`ranged_ahead`), so it does not drain at a batch's end.
 Pickled into a worker, a field travels as its URL, header and an empty cache;
 the worker opens the store itself (`RemoteObjects.read`).
 """
@@ -189,7 +191,7 @@ class _Read:
     ``waiters``: the `BlockCache.blocks` calls waiting for it; ``pins``: the
     read-ahead's ``(owner, step)`` of each batch to come that wants it."""
 
-    __slots__ = ("block", "future", "waiters", "pins", "started", "hinted", "ahead")
+    __slots__ = ("ahead", "block", "future", "hinted", "pins", "started", "waiters")
 
     def __init__(self, block: Block):
         self.block, self.future = block, concurrent.futures.Future()
@@ -207,9 +209,10 @@ class BlockCache:
     batches to come (`hint`, from `ranged_ahead.RangedReadAhead`) fill the
     window while no batch waits, using at most half of the bound (their reads
     and the blocks they hold), so a batch's reads always have the other half.
-    A block read ahead is held (pinned: not evicted) until its batch takes it
-    or the read-ahead has passed that batch (`passed`); a batch's read may
-    still evict it when nothing else makes room (it is read again then).
+    A block read ahead is held (pinned: the eviction passes it by) until its
+    batch takes it or the read-ahead has passed that batch (`passed`); a
+    batch's reads keep out of it, but one read always may, and evicts it if
+    nothing else makes room (it is read again then).
     """
 
     AHEAD_SHARE = 2  # read-ahead holds and reads at most 1/AHEAD_SHARE of the bound
@@ -344,7 +347,8 @@ class BlockCache:
             self._dispatch()
 
     def _take(self, key: Any) -> np.ndarray | None:
-        """Block ``key`` if held, taken by a batch: the first pin let go (called holding the lock)."""
+        """Block ``key`` if held, taken by a batch: its first pin let go
+        (called holding the lock)."""
         held = self._pinned.get(key)
         if held is not None:
             held[1].pop(0)
@@ -434,7 +438,7 @@ class BlockCache:
         try:
             rows = block.read()
             depth.finished(started, block.nbytes)
-        except BaseException as failed:  # noqa: BLE001 (handed to the batch that waits)
+        except BaseException as failed:  # handed to the batch that waits
             error = failed
         with self._lock:
             self.nbytes -= block.nbytes
