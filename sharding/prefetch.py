@@ -6,7 +6,7 @@ batch from one thread to another costs more than reading an in-memory batch
 ~20 µs to slice 128 digits). So by default the feed reads on the caller's
 thread and gets ahead the way accelerators do: ``jax.device_put`` is
 asynchronous, and several batches go in one call, which amortizes its
-per-call cost (on CPU a jitted identity places each batch, cheaper still:
+per-call cost (on CPU a jitted identity places each small batch, cheaper still:
 `place_local`). The loaders bring their own read-ahead (torch and Grain
 workers, tf.data's prefetch). A background reading thread is one argument
 away (``host_buffer=N``) for a loader that blocks in Python without one.

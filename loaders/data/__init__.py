@@ -13,6 +13,7 @@ Its modules are internal.
 - `ranged_npy`: ``.npy`` objects read in place by ranged reads, through a bounded block cache.
 - `ranged_parquet`: Parquet objects read in place, a row group per ranged read, through that cache.
 - `ranged_tfrecord`: TFRecord shards read in place from an offset index per object version.
+- `ranged_arrayrecord`: ArrayRecord files read in place, runs of chunks, from a chunk index.
 - `ranged_ahead`: the next batches' blocks of fields read in place, asked for ahead.
 - `superseded`: copies a newer one of the same source replaces.
 - `formats`: the user's files (TFRecord, ArrayRecord, Parquet, ...).

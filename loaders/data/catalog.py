@@ -10,7 +10,14 @@ from typing import Any
 
 import numpy as np
 from jaxfeed.loaders.array_dataset import ArrayDataset
-from jaxfeed.loaders.data import formats, ranged_npy, ranged_parquet, ranged_tfrecord, remote
+from jaxfeed.loaders.data import (
+    formats,
+    ranged_arrayrecord,
+    ranged_npy,
+    ranged_parquet,
+    ranged_tfrecord,
+    remote,
+)
 from jaxfeed.loaders.data import named as mnist_datasets
 from jaxfeed.loaders.data.encoded import digits_png
 from jaxfeed.loaders.data.on_disk import load_npy_directory, npy_directory
@@ -186,6 +193,10 @@ def _load_url(
         shards = ranged_tfrecord.tfrecord_fields(objects, split, SPLITS)
         if shards is not None:  # records read in place, by ranged reads: docs/storage.md
             return ArrayDataset(name, shards[0], units=shards[1], origin=objects)
+    if format in (None, "arrayrecord"):
+        files = ranged_arrayrecord.arrayrecord_fields(objects, split, SPLITS)
+        if files is not None:  # chunks read in place, by ranged reads: docs/storage.md
+            return ArrayDataset(name, files[0], units=files[1], origin=objects)
     parquet = ranged_parquet.parquet_fields(objects, split, SPLITS, format)
     if parquet is not None:  # row groups read in place, by ranged reads: docs/storage.md
         return ArrayDataset(name, parquet[0], units=parquet[1], origin=objects)

@@ -93,9 +93,9 @@ def npy_fields(objects: RemoteObjects, split: str, splits: tuple[str, ...]) -> d
             return None
         raise ValueError(
             f"{READ_ENV}=ranges: {objects.url} is not a directory of <field>.npy files nor "
-            "of Parquet objects or TFRecord shards, the only objects read in place (Arrow, "
-            "ArrayRecord "
-            f"and image folders are fetched whole); unset {READ_ENV} to fetch them into the cache"
+            "of Parquet objects, TFRecord shards or ArrayRecord files, the only objects read "
+            "in place (Arrow and image folders are fetched whole); unset "
+            f"{READ_ENV} to fetch them into the cache"
         )
     cache = BlockCache(cache_bytes() // 4)
     return {

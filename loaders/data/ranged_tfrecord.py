@@ -54,7 +54,7 @@ from jaxfeed.loaders.data.ranged_npy import (
 )
 from jaxfeed.loaders.data.remote import FETCH_THREADS, RemoteObjects, cache_bytes
 
-__all__ = ["INDEX_DIR", "RangedExamples", "tfrecord_fields"]
+__all__ = ["INDEX_DIR", "RangedExamples", "example_dtype", "split_shards", "tfrecord_fields"]
 
 INDEX_DIR = "tfrecord-index"  # under jaxfeed's cache: one entry per object version
 LAYOUT = "v1"  # of an index entry: bumping it builds them again
@@ -81,7 +81,7 @@ def tfrecord_fields(
     mode = read_mode(objects)
     if mode is None:
         return None
-    shards = _split_shards(objects, split, splits)
+    shards = split_shards(objects, split, splits, "tfrecord")
     if shards is None:
         return None
 
@@ -104,13 +104,17 @@ def tfrecord_fields(
     return fields, [i["records"] for i in kept.values()]
 
 
-def _split_shards(objects: RemoteObjects, split: str, splits: tuple[str, ...]) -> list[str] | None:
+def split_shards(
+    objects: RemoteObjects, split: str, splits: tuple[str, ...], kind: str
+) -> list[str] | None:
     """The objects of ``split`` (relative paths, in reading order) when every
-    object under the URL is a TFRecord shard laid out as the local reader
-    reads a directory (files, or ``train/`` and ``test/`` of them) or named
-    by a list or glob; None otherwise (the local reader decides)."""
+    object under the URL is a shard of format ``kind`` (``"tfrecord"``,
+    ``"arrayrecord"``: by name, as `detect.file_format` tells) laid out as
+    the local reader reads a directory (files, or ``train/`` and ``test/`` of
+    them) or named by a list or glob; None otherwise (the local reader decides)."""
     listed = objects.made_from
-    if not all(".tfrecord" in PurePosixPath(r or objects.path).name.lower() for r in listed):
+    names = [PurePosixPath(r or objects.path) for r in listed]
+    if not names or not all(_named_as(n.name, kind) for n in names):
         return None
     if "" in listed or objects.members is not None:
         names = {r: r or PurePosixPath(objects.path).name for r in listed}
@@ -134,6 +138,15 @@ def _split_shards(objects: RemoteObjects, split: str, splits: tuple[str, ...]) -
         return None
     files = sorted(_ROOT / r for r in listed)
     return [str(p.relative_to(_ROOT)) for p in _named(objects, files, split, splits)]
+
+
+def _named_as(name: str, kind: str) -> bool:
+    """Whether a file named ``name`` is of format ``kind`` by its name, as
+    `detect.file_format` tells it (never its bytes: an object is no local file)."""
+    name = name.lower()
+    if kind == "tfrecord":
+        return ".tfrecord" in name
+    return ".tfrecord" not in name and (".array_record" in name or name.endswith(".arrayrecord"))
 
 
 def _named(objects: RemoteObjects, files: list, split: str, splits: tuple[str, ...]) -> list:
@@ -272,7 +285,7 @@ class _Shards:
 
     def _gather(self, rows: np.ndarray) -> dict[str, np.ndarray]:
         out = {
-            name: np.empty((len(rows), *([n] if n > 1 else [])), _dtype(kind))
+            name: np.empty((len(rows), *([n] if n > 1 else [])), example_dtype(kind))
             for name, (kind, n) in self.schema.items()
         }
         blocks = self.block_of(rows)
@@ -316,7 +329,7 @@ class _Shards:
         return Block(("tfrecord", block), "big", count * self.row_bytes, read)
 
 
-def _dtype(kind: str) -> np.dtype:
+def example_dtype(kind: str) -> np.dtype:
     """The dtype an Example's number feature is parsed as (`example_batch`)."""
     return np.dtype(np.float32 if kind == "float" else np.int64)
 
@@ -355,7 +368,7 @@ class RangedExamples(RangedRows):
         self._shards, self._name = shards, name
         kind, width = shards.schema[name]
         self.url = f"{shards.objects.url.rstrip('/')}#{name}"
-        self._stored = _dtype(kind)
+        self._stored = example_dtype(kind)
         self.shape = (shards.rows, width) if width > 1 else (shards.rows,)
         self.dtype = device_dtype(self._stored)
         self.nbytes = shards.rows * width * self.dtype.itemsize

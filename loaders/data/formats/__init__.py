@@ -22,6 +22,8 @@ group, an Arrow record batch) as the dataset's ``units``, which
 - `tfrecord`, `arrayrecord`, `tables`, `imagefolder`, `prepared`: one
   format each (``tables``: Parquet and Arrow IPC; ``prepared``: TFDS and HF
   directories).
+- `riegeli`: ArrayRecord files parsed from their bytes (a store's objects,
+  read in place by ``ranged_arrayrecord``).
 - `convert`: a dataset rewritten as Parquet shards or ``.npy`` fields.
 """
 

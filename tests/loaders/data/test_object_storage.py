@@ -237,16 +237,18 @@ def test_a_dataset_past_the_cache_bound_is_refused(store, tmp_path):
     with store["env"].context() as env:
         env.setenv("JAXFEED_CACHE_DIR", str(tmp_path))  # empty: nothing cached by other tests
         env.setenv("JAXFEED_CACHE_BYTES", "1000")
-        # ArrayRecord files are fetched whole; .npy fields, Parquet objects and
-        # TFRecord shards too when asked (else read in place: test_remote_ranges.py,
-        # test_remote_parquet.py, test_remote_tfrecord.py).
+        # Arrow files are fetched whole; .npy fields, Parquet objects, TFRecord
+        # shards and ArrayRecord files too when asked (else read in place:
+        # test_remote_ranges.py, test_remote_parquet.py, test_remote_tfrecord.py,
+        # test_remote_arrayrecord.py).
+        store["s3"].put_object(Bucket=BUCKET, Key="arrow/train.arrow", Body=b"\0" * 2000)
         with pytest.raises(ValueError, match=r"more than its bound of 1,000 bytes.*JAXFEED_CACHE"):
-            jaxfeed.load_dataset(f"s3://{BUCKET}/arrayrecord/", storage_options=_opts(store))
+            jaxfeed.load_dataset(f"s3://{BUCKET}/arrow/", storage_options=_opts(store))
         env.setenv("JAXFEED_READ", "ranges")
-        with pytest.raises(ValueError, match=r"JAXFEED_READ=ranges: .*arrayrecord/ is not a dir"):
-            jaxfeed.load_dataset(f"s3://{BUCKET}/arrayrecord/", storage_options=_opts(store))
+        with pytest.raises(ValueError, match=r"JAXFEED_READ=ranges: .*arrow/ is not a dir"):
+            jaxfeed.load_dataset(f"s3://{BUCKET}/arrow/", storage_options=_opts(store))
         env.setenv("JAXFEED_READ", "whole")
-        for prefix in ("big/", "pq/", "tfrecord/"):
+        for prefix in ("big/", "pq/", "tfrecord/", "arrayrecord/"):
             with pytest.raises(ValueError, match=r"more than its bound of 1,000 bytes.*JAXFEED_C"):
                 jaxfeed.load_dataset(f"s3://{BUCKET}/{prefix}", storage_options=_opts(store))
 
