@@ -9,8 +9,9 @@ import threading
 
 import numpy as np
 import pytest
+from jaxfeed.loaders._doors.fsspec import S3_CONNECTIONS, open_store
 from jaxfeed.loaders.data.ranged_ahead import RangedReadAhead
-from jaxfeed.loaders.data.ranged_npy import Block, BlockCache, RangedRows, ReadDepth
+from jaxfeed.loaders.data.ranged_npy import DEPTH_CEILING, Block, BlockCache, RangedRows, ReadDepth
 
 
 def _steady(depth: ReadDepth, clock: list[float], latency_s: float, per_s: float, rounds=40):
@@ -241,3 +242,18 @@ def test_a_failed_read_ahead_is_read_again_by_its_batch_never_served():
     failing = _Field(_window(depth=8), 8, _Reads(fail_once={2}))
     with pytest.raises(OSError, match="block 2: read failed"):
         failing[np.arange(4)]
+
+
+def test_s3_reads_are_not_capped_at_botocore_s_ten_connections():
+    """s3fs opens as many connections as the window may read at once, unless
+    the user's ``config_kwargs`` say otherwise (their other keys kept)."""
+    options = {"client_kwargs": {"endpoint_url": "http://127.0.0.1:9"}, "anon": True}
+    fs, _ = open_store("s3://bucket/prefix/", options)
+    assert fs.config_kwargs["max_pool_connections"] == S3_CONNECTIONS >= DEPTH_CEILING
+    mine = {
+        **options,
+        "config_kwargs": {"max_pool_connections": 5, "retries": {"mode": "standard"}},
+    }
+    fs, _ = open_store("s3://bucket/prefix/", mine)
+    assert fs.config_kwargs == {"max_pool_connections": 5, "retries": {"mode": "standard"}}
+    assert mine["config_kwargs"] == {"max_pool_connections": 5, "retries": {"mode": "standard"}}
