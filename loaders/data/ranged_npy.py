@@ -194,7 +194,8 @@ class _Read:
     __slots__ = ("ahead", "block", "future", "hinted", "pins", "started", "waiters")
 
     def __init__(self, block: Block):
-        self.block, self.future = block, concurrent.futures.Future()
+        self.block = block
+        self.future: concurrent.futures.Future | None = None  # made when a batch waits
         self.waiters, self.pins, self.started, self.hinted = 0, [], False, False
         self.ahead = False  # started for the read-ahead: its failure is no batch's
 
@@ -231,6 +232,8 @@ class BlockCache:
         self._urgent: collections.deque[_Read] = collections.deque()  # a batch waits for them
         self._hints: collections.deque[_Read] = collections.deque()  # for the batches to come
         self._hinted_bytes = 0  # of the hints queued, not yet started
+        # Per read-ahead: its pins in step order, each with the keys it pinned.
+        self._pins: dict[Any, collections.deque[tuple[tuple[Any, int], list]]] = {}
         self._running: collections.Counter[str] = collections.Counter()  # in flight, by size
         self._lock = threading.Lock()
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
@@ -297,6 +300,8 @@ class BlockCache:
         entry = self._pending.get(block.key)
         if entry is None:
             entry = self._pending[block.key] = _Read(block)
+        if entry.future is None:
+            entry.future = concurrent.futures.Future()
         if not entry.started and not entry.waiters:
             self._urgent.append(entry)
         entry.waiters += 1
@@ -308,7 +313,12 @@ class BlockCache:
         pinned for it. Whether more hints are welcome (those queued are under
         `ahead_bytes`)."""
         with self._lock:
+            steps = self._pins.setdefault(pin[0], collections.deque())
+            if not steps or steps[-1][0] != pin:
+                steps.append((pin, []))
+            keys = steps[-1][1]
             for block in blocks:
+                keys.append(block.key)
                 if block.key in self._blocks:
                     held = self._blocks[block.key]
                     if self.pinned + held.nbytes > self.ahead_bytes:
@@ -335,15 +345,23 @@ class BlockCache:
         and their blocks not yet read are not read (``step`` left out: all of
         ``owner``'s, at an epoch's end or close)."""
         with self._lock:
-            kept = lambda pins: [p for p in pins if p[0] is not owner or p[1] > step]  # noqa: E731
-            for key, held in list(self._pinned.items()):
-                held[1] = kept(held[1])
-                if not held[1]:
-                    self._unpin(key)
-            for entry in list(self._pending.values()):
-                entry.pins = kept(entry.pins)
-                self._drop_if_unwanted(entry)
-            self._hints = collections.deque(e for e in self._hints if e.hinted)
+            steps = self._pins.get(owner, collections.deque())
+            while steps and steps[0][0][1] <= step:
+                pin, keys = steps.popleft()
+                for key in keys:  # a pin a batch took already is gone
+                    held = self._pinned.get(key)
+                    if held is not None and pin in held[1]:
+                        held[1].remove(pin)
+                        if not held[1]:
+                            self._unpin(key)
+                    entry = self._pending.get(key)
+                    if entry is not None and pin in entry.pins:
+                        entry.pins.remove(pin)
+                        self._drop_if_unwanted(entry)
+            if not steps:
+                self._pins.pop(owner, None)
+            if step == math.inf:  # passed steps' hints go at the queue's head; the rest now
+                self._hints = collections.deque(e for e in self._hints if e.hinted)
             self._dispatch()
 
     def _take(self, key: Any) -> np.ndarray | None:
@@ -374,7 +392,6 @@ class BlockCache:
         if entry.hinted:
             entry.hinted = False
             self._hinted_bytes -= entry.block.nbytes
-        entry.future.cancel()  # nothing waits for it
 
     def _dispatch(self) -> None:
         """Starts the queued reads the window has room for: a batch's own
@@ -447,9 +464,11 @@ class BlockCache:
             del self._pending[block.key]
             if rows is not None:
                 self._hold(block.key, rows, entry.pins)
-                entry.future.set_result(rows)
-            else:
-                entry.future.set_exception(error)
+            if entry.future is not None:  # a batch waits for it
+                if rows is not None:
+                    entry.future.set_result(rows)
+                else:
+                    entry.future.set_exception(error)
             self._dispatch()
 
     def _hold(self, key: Any, block: np.ndarray, pins: list) -> None:
