@@ -12,8 +12,9 @@ part compressed as the writer chose: none, zstd, brotli or snappy) or
 ``transpose:true``: not parsed here, refused by name).
 
 Every header's hash and every chunk's data hash (HighwayHash-64 with
-Riegeli's key) is checked, as the local reader checks them: a damaged or
-changed object is refused, never read as other records. Compressed parts are
+Riegeli's key) is checked, as the local reader checks them (a caller that
+has checked a chunk's bytes otherwise may skip its data hash: `chunk_data`):
+a damaged or changed object is refused, never read as other records. Compressed parts are
 decoded by pyarrow's codecs; without pyarrow they are refused by name.
 """
 
@@ -207,12 +208,15 @@ def chunk_header(data: bytes, offset: int, at: int, where: str) -> tuple[ChunkHe
     return header, after
 
 
-def chunk_data(data: bytes, offset: int, at: int, where: str) -> tuple[ChunkHeader, bytes, int]:
-    """The chunk at file position ``at``: its header, its data (hash checked)
-    and the file position where its data ends."""
+def chunk_data(
+    data: bytes, offset: int, at: int, where: str, check_data: bool = True
+) -> tuple[ChunkHeader, bytes, int]:
+    """The chunk at file position ``at``: its header, its data (hash checked
+    unless ``check_data`` is False: the caller has checked those bytes
+    otherwise) and the file position where its data ends."""
     header, after = chunk_header(data, offset, at, where)
     body, end = unframed(data, offset, after, header.data_size, where)
-    if highway_hash(body) != header.data_hash:
+    if check_data and highway_hash(body) != header.data_hash:
         raise RiegeliError(f"{where}: the chunk at byte {at} fails its data hash")
     return header, body, end
 
