@@ -129,6 +129,9 @@ class HFSource(SampledSource):
                     batch = self.transform.batch(batch, batch_indices, epoch)
                 yield batch
 
+    def _ranged_fields(self) -> list:
+        return []  # batches come from the Arrow copy, not the dataset's fields
+
     def _on_disk(self) -> OnDiskFields:
         """The dataset's arrays, and the memory-mapped Arrow file this source
         reads: advised, and its rows read ahead."""

@@ -112,6 +112,9 @@ class RaySource(SampledSource):
         cpus = self.num_workers or int(ray.cluster_resources().get("CPU", 1))
         return max(1, _TASKS_PER_CPU * cpus)
 
+    def _gathers_here(self) -> bool:
+        return self.transform is None  # with one, Ray's tasks gather the rows
+
     def _fetch(
         self, index_batches: Sequence[np.ndarray], epoch: int
     ) -> Iterator[Mapping[str, np.ndarray]]:

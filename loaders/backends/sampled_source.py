@@ -16,6 +16,7 @@ from jaxfeed.loaders._workers.record_pool import RecordPool, RowReader
 from jaxfeed.loaders.array_dataset import ArrayDataset, RemoteField
 from jaxfeed.loaders.bytes_field import BytesField
 from jaxfeed.loaders.checks import check_workers
+from jaxfeed.loaders.data.ranged_ahead import RangedReadAhead
 from jaxfeed.loaders.protocol import MASK_KEY, ArraySpec, Batch
 from jaxfeed.loaders.rows import pad_rows
 from jaxfeed.loaders.sampler import Sampler
@@ -146,6 +147,8 @@ class SampledSource(abc.ABC):
         # read-around of a fault that came first read blocks outside it.
         disk.advise(random_order=self.sampler.shuffle is True or self.sampler.shuffle == "blocks")
         ahead = disk.read_ahead(index_batches, populate=self._gathers_here())
+        # Fields read in place from a store: the next batches' blocks asked for early.
+        ranged = RangedReadAhead(self._ranged_fields(), index_batches)
         try:
             if self._pool is not None:
                 fetched = self._pool.batches(index_batches, epoch)
@@ -153,9 +156,11 @@ class SampledSource(abc.ABC):
                 fetched = self._fetch(index_batches, epoch)
             for step, ((_, num_valid), batch) in enumerate(zip(plan, fetched, strict=True)):
                 ahead.reached(step)
+                ranged.reached(step)
                 yield self._finish(batch, num_valid)
         finally:
             ahead.close()
+            ranged.close()
 
     def _iter_native(self, epoch: int, start: int, disk: OnDiskFields) -> Iterator[Batch]:
         disk.advise(random_order=bool(self.sampler.shuffle))
@@ -184,6 +189,12 @@ class SampledSource(abc.ABC):
         """Whether this process gathers the rows (not worker processes, whose
         mappings are their own)."""
         return self._pool is None
+
+    def _ranged_fields(self) -> list[np.ndarray | BytesField | RemoteField]:
+        """The fields this process gathers batches from (those read in place
+        from a store are read ahead): none where workers gather them, each
+        from a cache of its own."""
+        return list(self._read_fields().values()) if self._gathers_here() else []
 
     def _read_fields(self) -> Mapping[str, np.ndarray | BytesField]:
         """The dataset's fields this source reads (none where the backend reads

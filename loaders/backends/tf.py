@@ -189,6 +189,9 @@ class TfSource(SampledSource):
             )
         self._fields = {key: split[key] for key in dataset.arrays}
 
+    def _gathers_here(self) -> bool:
+        return self._workers is None  # workers gather with a cache of their own
+
     def _fetch(
         self, index_batches: Sequence[np.ndarray], epoch: int = 0
     ) -> Iterator[Mapping[str, np.ndarray]]:

@@ -15,6 +15,7 @@ Its modules are internal.
 - `ranged_tfrecord`: TFRecord shards read in place from an offset index per object version.
 - `ranged_arrayrecord`: ArrayRecord files read in place, runs of chunks, from a chunk index.
 - `ranged_values`: their bytes and ragged fields read in place, a batch's values at a time.
+- `ranged_ahead`: the next batches' blocks of fields read in place, asked for ahead.
 - `superseded`: copies a newer one of the same source replaces.
 - `formats`: the user's files (TFRecord, ArrayRecord, Parquet, ...).
 """

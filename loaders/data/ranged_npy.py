@@ -10,7 +10,9 @@ by block, so one request serves every row of a block: big blocks
 (`BLOCK_BYTES`) where a batch's rows share them (``shuffle="blocks"``), small
 ones (`SMALL_BYTES`) where they are scattered (a full permutation). A batch's
 reads run in a sliding window, as many at once as `ReadDepth` measures the
-link needs, and no more bytes than the cache holds.
+link needs, and no more bytes than the cache holds; the blocks of the batches
+to come fill it while nothing else waits (`BlockCache.hint`, from
+`ranged_ahead`), so it does not drain at a batch's end.
 Pickled into a worker, a field travels as its URL, header and an empty cache;
 the worker opens the store itself (`RemoteObjects.read`).
 """
@@ -184,19 +186,56 @@ class ReadDepth:
             self.depth = min(self.ceiling, max(self.floor, wanted))
 
 
+class _Read:
+    """One block asked for and not yet held: queued, then read by the pool.
+    ``waiters``: the `BlockCache.blocks` calls waiting for it; ``pins``: the
+    read-ahead's ``(owner, step)`` of each batch to come that wants it."""
+
+    __slots__ = ("ahead", "block", "future", "hinted", "pins", "started", "waiters")
+
+    def __init__(self, block: Block):
+        self.block = block
+        self.future: concurrent.futures.Future | None = None  # made when a batch waits
+        self.waiters, self.pins, self.started, self.hinted = 0, [], False, False
+        self.ahead = False  # started for the read-ahead: its failure is no batch's
+
+
 class BlockCache:
     """Blocks of ranged reads held in memory, at most ``max_bytes`` of them,
     counting those being read; the least recently used go first. Shared by
-    the fields of one split in one process (threads take turns)."""
+    the fields of one split in one process (threads take turns).
+
+    Reads run in one window: as many at once as their `ReadDepth` says and
+    the bytes allow. A batch's own blocks (`blocks`) go first; blocks of the
+    batches to come (`hint`, from `ranged_ahead.RangedReadAhead`) fill the
+    window while no batch waits, using at most half of the bound (their reads
+    and the blocks they hold), so a batch's reads always have the other half.
+    A block read ahead is held (pinned: the eviction passes it by) until its
+    batch takes it or the read-ahead has passed that batch (`passed`); a
+    batch's reads keep out of it, but one read always may, and evicts it if
+    nothing else makes room (it is read again then).
+    """
+
+    AHEAD_SHARE = 2  # read-ahead holds and reads at most 1/AHEAD_SHARE of the bound
 
     def __init__(self, max_bytes: int):
         self.max_bytes = max_bytes
-        self.nbytes = 0  # held and reserved for reads in flight
+        self.nbytes = 0  # held (pinned too) and reserved for reads in flight
         self.peak_bytes = 0  # the most it ever held: its bound is tested
         self.reading = 0  # bytes reserved for reads in flight
+        self.pinned = 0  # bytes held for the batches to come
         self.depths: dict[str, ReadDepth] = collections.defaultdict(ReadDepth)  # by block size
         self._blocks: collections.OrderedDict[Any, np.ndarray] = collections.OrderedDict()
-        self._lock = threading.Condition()
+        # Read ahead, not yet taken: key -> [block, its pins (owner, step)], oldest first.
+        self._pinned: collections.OrderedDict[Any, list] = collections.OrderedDict()
+        self._pending: dict[Any, _Read] = {}  # queued or being read
+        self._urgent: collections.deque[_Read] = collections.deque()  # a batch waits for them
+        self._hints: collections.deque[_Read] = collections.deque()  # for the batches to come
+        self._hinted_bytes = 0  # of the hints queued, not yet started
+        # Per read-ahead: its pins in step order, each with the keys it pinned.
+        self._pins: dict[Any, collections.deque[tuple[tuple[Any, int], list]]] = {}
+        self._running: collections.Counter[str] = collections.Counter()  # in flight, by size
+        self._lock = threading.Lock()
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
 
     def __getstate__(self) -> dict:
@@ -206,80 +245,244 @@ class BlockCache:
     def __setstate__(self, state: dict) -> None:
         self.__init__(state["max_bytes"])
 
-    def get(self, key: Any) -> np.ndarray | None:
-        with self._lock:
-            block = self._blocks.get(key)
-            if block is not None:
-                self._blocks.move_to_end(key)
-            return block
+    @property
+    def ahead_bytes(self) -> int:
+        """The most bytes the read-ahead reads and holds at once."""
+        return self.max_bytes // self.AHEAD_SHARE
 
-    def reserve(self, nbytes: int, wait: bool = True) -> bool:
-        """Room for ``nbytes`` about to be read, if the reads in flight leave
-        it (waiting for them when ``wait``; one read always may): evicts held
-        blocks until they fit. Whether it was reserved."""
+    def holds(self, key: Any) -> bool:
+        """Whether block ``key`` is held, or asked for already."""
         with self._lock:
-            while self.reading and self.reading + nbytes > self.max_bytes:
-                if not wait:
-                    return False
-                self._lock.wait()
-            while self._blocks and self.nbytes + nbytes > self.max_bytes:
-                self.nbytes -= self._blocks.popitem(last=False)[1].nbytes
-            self.nbytes += nbytes
-            self.reading += nbytes
-            self.peak_bytes = max(self.peak_bytes, self.nbytes)
-            return True
-
-    def put(self, key: Any, block: np.ndarray | None, reserved: int) -> None:
-        """``block``, read into room `reserve` made (``reserved`` bytes); None:
-        the read failed, and its room is given back."""
-        with self._lock:
-            self.nbytes -= reserved
-            self.reading -= reserved
-            self._lock.notify_all()
-            if block is None:
-                return
-            if key not in self._blocks and self.nbytes + block.nbytes <= self.max_bytes:
-                self._blocks[key] = block
-                self.nbytes += block.nbytes
+            return key in self._blocks or key in self._pinned or key in self._pending
 
     def blocks(self, wanted: Sequence[Block]) -> Iterator[tuple[int, np.ndarray]]:
         """The ``wanted`` blocks, each with its place in ``wanted``, as they come:
-        the cached ones first, the others read in a sliding window: a new read
-        starts as one finishes, while fewer are in flight than their
-        `ReadDepth` says and the cache has room for their bytes."""
-        missing = []
-        for i, block in enumerate(wanted):
-            found = self.get(block.key)
-            if found is None:
-                missing.append(i)
-            else:
-                yield i, found
-        running: dict[concurrent.futures.Future, int] = {}
-        missing.reverse()  # popped from the end: in block order
+        the held ones first, the others read in the sliding window (see the
+        class): a new read starts as one finishes, while fewer are in flight
+        than their `ReadDepth` says and the cache has room for their bytes."""
+        ready, waiting = [], {}
+        with self._lock:
+            for i, block in enumerate(wanted):
+                found = self._take(block.key)
+                if found is not None:
+                    ready.append((i, found))
+                    continue
+                entry = self._ask(block)
+                waiting[entry.future] = (i, entry)
+            self._dispatch()
         try:
-            while missing or running:
-                while missing and len(running) < self.depths[wanted[missing[-1]].size].depth:
-                    block = wanted[missing[-1]]
-                    if not self.reserve(block.nbytes, wait=not running):
-                        break
-                    running[self.pool().submit(self._read, block)] = missing.pop()
-                done, _ = concurrent.futures.wait(running, return_when="FIRST_COMPLETED")
+            while ready:
+                yield ready.pop(0)
+            while waiting:
+                done, _ = concurrent.futures.wait(waiting, return_when="FIRST_COMPLETED")
                 for future in done:
-                    yield running.pop(future), future.result()
+                    i, entry = waiting.pop(future)
+                    with self._lock:
+                        entry.waiters -= 1
+                        if future.exception() is not None and entry.ahead:
+                            again = self._ask(entry.block)  # the batch's own read decides
+                            waiting[again.future] = (i, again)
+                            self._dispatch()
+                            continue
+                        if future.exception() is None:
+                            self._take(entry.block.key)  # its pin, if it was read ahead
+                    yield i, future.result()
         finally:
-            for future, i in running.items():
-                if future.cancel():  # never started: its room back
-                    self.put(wanted[i].key, None, wanted[i].nbytes)
+            with self._lock:  # left early: what nothing else wants is not read
+                for _, entry in waiting.values():
+                    entry.waiters -= 1
+                    self._drop_if_unwanted(entry)
+                self._dispatch()
 
-    def _read(self, block: Block) -> np.ndarray:
+    def _ask(self, block: Block) -> _Read:
+        """A batch waits for ``block``: its read, queued first if not yet
+        asked for (called holding the lock)."""
+        entry = self._pending.get(block.key)
+        if entry is None:
+            entry = self._pending[block.key] = _Read(block)
+        if entry.future is None:
+            entry.future = concurrent.futures.Future()
+        if not entry.started and not entry.waiters:
+            self._urgent.append(entry)
+        entry.waiters += 1
+        return entry
+
+    def hint(self, blocks: Sequence[Block], pin: tuple[Any, int]) -> bool:
+        """Reads ``blocks`` ahead for a batch to come (``pin``: the read-ahead
+        and the batch's step), behind any batch's own reads; held ones are
+        pinned for it. Whether more hints are welcome (those queued are under
+        `ahead_bytes`)."""
+        with self._lock:
+            steps = self._pins.setdefault(pin[0], collections.deque())
+            if not steps or steps[-1][0] != pin:
+                steps.append((pin, []))
+            keys = steps[-1][1]
+            for block in blocks:
+                keys.append(block.key)
+                if block.key in self._blocks:
+                    held = self._blocks[block.key]
+                    if self.pinned + held.nbytes > self.ahead_bytes:
+                        self._blocks.move_to_end(block.key)  # kept while it can be
+                        continue
+                    del self._blocks[block.key]
+                    self._pinned[block.key] = [held, [pin]]
+                    self.pinned += held.nbytes
+                elif block.key in self._pinned:
+                    self._pinned[block.key][1].append(pin)
+                elif block.key in self._pending:
+                    self._pending[block.key].pins.append(pin)
+                else:
+                    entry = self._pending[block.key] = _Read(block)
+                    entry.pins.append(pin)
+                    entry.hinted = True
+                    self._hints.append(entry)
+                    self._hinted_bytes += block.nbytes
+            self._dispatch()
+            return self._hinted_bytes < self.ahead_bytes
+
+    def passed(self, owner: Any, step: float = math.inf) -> None:
+        """``owner``'s batches up to ``step`` are gone: their pins are let go,
+        and their blocks not yet read are not read (``step`` left out: all of
+        ``owner``'s, at an epoch's end or close)."""
+        with self._lock:
+            steps = self._pins.get(owner, collections.deque())
+            while steps and steps[0][0][1] <= step:
+                pin, keys = steps.popleft()
+                for key in keys:  # a pin a batch took already is gone
+                    held = self._pinned.get(key)
+                    if held is not None and pin in held[1]:
+                        held[1].remove(pin)
+                        if not held[1]:
+                            self._unpin(key)
+                    entry = self._pending.get(key)
+                    if entry is not None and pin in entry.pins:
+                        entry.pins.remove(pin)
+                        self._drop_if_unwanted(entry)
+            if not steps:
+                self._pins.pop(owner, None)
+            if step == math.inf:  # passed steps' hints go at the queue's head; the rest now
+                self._hints = collections.deque(e for e in self._hints if e.hinted)
+            self._dispatch()
+
+    def _take(self, key: Any) -> np.ndarray | None:
+        """Block ``key`` if held, taken by a batch: its first pin let go
+        (called holding the lock)."""
+        held = self._pinned.get(key)
+        if held is not None:
+            held[1].pop(0)
+            if not held[1]:
+                self._unpin(key)
+            return held[0]
+        block = self._blocks.get(key)
+        if block is not None:
+            self._blocks.move_to_end(key)
+        return block
+
+    def _unpin(self, key: Any) -> None:
+        block = self._pinned.pop(key)[0]
+        self.pinned -= block.nbytes
+        self._blocks[key] = block  # the most recently used
+
+    def _drop_if_unwanted(self, entry: _Read) -> None:
+        """Forgets a queued read that no batch wants any longer."""
+        if entry.started or entry.waiters or entry.pins:
+            return
+        if self._pending.get(entry.block.key) is entry:
+            del self._pending[entry.block.key]
+        if entry.hinted:
+            entry.hinted = False
+            self._hinted_bytes -= entry.block.nbytes
+
+    def _dispatch(self) -> None:
+        """Starts the queued reads the window has room for: a batch's own
+        first, the read-ahead's only while none waits (called holding the lock)."""
+        while self._urgent:
+            entry = self._urgent[0]
+            if entry.started or self._pending.get(entry.block.key) is not entry:
+                self._urgent.popleft()
+            elif not entry.waiters:  # its batch stopped asking
+                self._urgent.popleft()
+                self._drop_if_unwanted(entry)
+            elif self._start(entry, urgent=True):
+                self._urgent.popleft()
+            else:
+                return  # the read-ahead waits for it too
+        while self._hints:
+            entry = self._hints[0]
+            if entry.started or self._pending.get(entry.block.key) is not entry:
+                self._hints.popleft()
+            elif not self._start(entry, urgent=False):
+                return
+            else:
+                self._hints.popleft()
+
+    def _start(self, entry: _Read, urgent: bool) -> bool:
+        """Reads ``entry`` if the window and the bytes allow: one read always
+        may; the read-ahead's within `ahead_bytes` (called holding the lock)."""
+        block = entry.block
+        if self._running[block.size] >= self.depths[block.size].depth:
+            return False
+        if urgent:  # past the blocks read ahead: one read evicting them would be read again
+            if self.reading and self.reading + self.pinned + block.nbytes > self.max_bytes:
+                return False
+        elif self.reading + self.pinned + block.nbytes > self.ahead_bytes:
+            return False
+        while self._blocks and self.nbytes + block.nbytes > self.max_bytes:
+            self.nbytes -= self._blocks.popitem(last=False)[1].nbytes
+        while urgent and self._pinned and self.nbytes + block.nbytes > self.max_bytes:
+            key = next(iter(self._pinned))  # read ahead, and read again when its batch comes
+            self._unpin(key)
+            self.nbytes -= self._blocks.pop(key).nbytes
+        if entry.hinted:
+            entry.hinted = False
+            self._hinted_bytes -= block.nbytes
+        entry.started, entry.ahead = True, not urgent
+        self.nbytes += block.nbytes
+        self.reading += block.nbytes
+        self.peak_bytes = max(self.peak_bytes, self.nbytes)
+        self._running[block.size] += 1
+        if self._pool is None:
+            self._pool = concurrent.futures.ThreadPoolExecutor(DEPTH_CEILING, "jaxfeed-ranges")
+        self._pool.submit(self._read, entry)
+        return True
+
+    def _read(self, entry: _Read) -> None:
+        """In the pool: ``entry`` read, held (pinned if read ahead), and its
+        waiters told; a failed read tells them the error."""
+        block = entry.block
         depth = self.depths[block.size]
-        started, rows = depth.started(), None
+        started, rows, error = depth.started(), None, None
         try:
             rows = block.read()
             depth.finished(started, block.nbytes)
-        finally:
-            self.put(block.key, rows, block.nbytes)
-        return rows
+        except BaseException as failed:  # handed to the batch that waits
+            error = failed
+        with self._lock:
+            self.nbytes -= block.nbytes
+            self.reading -= block.nbytes
+            self._running[block.size] -= 1
+            del self._pending[block.key]
+            if rows is not None:
+                self._hold(block.key, rows, entry.pins)
+            if entry.future is not None:  # a batch waits for it
+                if rows is not None:
+                    entry.future.set_result(rows)
+                else:
+                    entry.future.set_exception(error)
+            self._dispatch()
+
+    def _hold(self, key: Any, block: np.ndarray, pins: list) -> None:
+        """Keeps ``block`` if it fits (called holding the lock)."""
+        while pins and self._blocks and self.nbytes + block.nbytes > self.max_bytes:
+            self.nbytes -= self._blocks.popitem(last=False)[1].nbytes
+        if self.nbytes + block.nbytes > self.max_bytes:
+            return
+        self.nbytes += block.nbytes
+        if pins:
+            self._pinned[key] = [block, list(pins)]
+            self.pinned += block.nbytes
+        else:
+            self._blocks[key] = block
 
     def pool(self) -> concurrent.futures.ThreadPoolExecutor:
         with self._lock:
@@ -352,6 +555,7 @@ class RangedRows:
     shape: tuple[int, ...]
     dtype: np.dtype
     url: str
+    reads_ahead = True  # `prefetch` works: its `cache` and `_blocks_of` are defined
 
     @property
     def ndim(self) -> int:
@@ -378,6 +582,22 @@ class RangedRows:
         if len(flat) and (flat.min() < 0 or flat.max() >= len(self)):
             raise IndexError(f"{self!r}: row index out of range 0..{len(self) - 1}")
         return self._served(self._gather(flat).reshape(*index.shape, *self.shape[1:]))
+
+    @property
+    def cache(self) -> BlockCache:
+        """The block cache the field reads through (its split's, in this process)."""
+        raise NotImplementedError
+
+    def prefetch(self, rows: np.ndarray, pin: tuple[Any, int]) -> bool:
+        """Starts reading the blocks a gather of ``rows`` (row numbers, as the
+        sampler gives them) will need, for a batch to come (``pin``: the
+        read-ahead and its step; see `BlockCache.hint`). Whether the cache
+        takes more."""
+        return self.cache.hint(self._blocks_of(np.asarray(rows, np.int64)), pin)
+
+    def _blocks_of(self, rows: np.ndarray) -> list[Block]:
+        """The blocks a gather of ``rows`` reads."""
+        raise NotImplementedError
 
     def _gather(self, rows: np.ndarray) -> np.ndarray:
         raise NotImplementedError
@@ -440,19 +660,16 @@ class RangedNpy(RangedRows):
             rows = rows.astype(rows.dtype.newbyteorder("="))
         return super()._served(rows)
 
+    @property
+    def cache(self) -> BlockCache:
+        return self._cache
+
     def _gather(self, rows: np.ndarray) -> np.ndarray:
         """``rows``, read a block at a time (see the module): a batch's rows of
         one block come from one read, of big blocks where the rows share them or
-        one is cached, else of small ones."""
+        one is held, else of small ones."""
         out = np.empty((len(rows), *self.shape[1:]), self._stored)
-        big = rows // self._block_rows["big"]
-        held = np.unique(big)
-        if len(rows) < SHARED_ROWS * len(held):  # scattered: a row's own small block
-            cached = [self._cache.get(self._key("big", b)) is not None for b in held]
-            held = held[np.asarray(cached, bool)]
-        # Each row's block, as a code: its index, and whether it is big.
-        is_big = np.isin(big, held)
-        codes = np.where(is_big, big * 2 + 1, rows // self._block_rows["small"] * 2)
+        codes = self._codes(rows)
         order = np.argsort(codes, kind="stable")
         needed, starts = np.unique(codes[order], return_index=True)
         groups = np.split(order, starts[1:])
@@ -461,6 +678,20 @@ class RangedNpy(RangedRows):
             where = groups[i]
             out[where] = block[rows[where] - int(needed[i]) // 2 * self._block_rows[wanted[i].size]]
         return out
+
+    def _blocks_of(self, rows: np.ndarray) -> list[Block]:
+        codes = np.unique(self._codes(rows))
+        return [self._block("big" if c % 2 else "small", int(c) // 2) for c in codes]
+
+    def _codes(self, rows: np.ndarray) -> np.ndarray:
+        """Each row's block, as a code: its index, and whether it is big (odd)."""
+        big = rows // self._block_rows["big"]
+        held = np.unique(big)
+        if len(rows) < SHARED_ROWS * len(held):  # scattered: a row's own small block
+            asked = [self._cache.holds(self._key("big", b)) for b in held]
+            held = held[np.asarray(asked, bool)]
+        is_big = np.isin(big, held)
+        return np.where(is_big, big * 2 + 1, rows // self._block_rows["small"] * 2)
 
     def _key(self, size: str, index: int) -> tuple:
         return self._relative, self._block_rows[size], int(index)

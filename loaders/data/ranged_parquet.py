@@ -377,6 +377,11 @@ class _RowGroups:
         block = functools.partial(self._block, names=self._row_columns)
         return gather_rows(self.cache, block, self._starts, rows, fields)
 
+    def blocks_of(self, rows: np.ndarray) -> list[Block]:
+        """The row groups a gather of ``rows`` reads (`_gather`'s blocks)."""
+        groups = np.unique(np.searchsorted(self._starts, rows, side="right") - 1)
+        return [self._block(int(g), self._row_columns) for g in groups]
+
     def values_of(self, name: str, values: np.ndarray) -> np.ndarray:
         """The ragged column ``name``'s ``values`` (indices into its values
         back to back, as stored), a row group at a time."""
@@ -606,6 +611,9 @@ class RangedParquet(RangedRows):
 
     def _gather(self, rows: np.ndarray) -> np.ndarray:
         return self._groups.rows_of(self.name, rows)
+
+    def _blocks_of(self, rows: np.ndarray) -> list[Block]:
+        return self._groups.blocks_of(rows)
 
     def _served(self, rows: np.ndarray) -> np.ndarray:
         return narrowed(rows, self.dtype, f"{self.url}, column {self.name!r}")

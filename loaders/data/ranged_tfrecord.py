@@ -386,6 +386,10 @@ class _Shards:
         starts = self.offsets[name][self.blocks()[0]]
         return gather_values(self.cache, self.block, starts, values, name, dtype, frame)
 
+    def block_of(self, rows: np.ndarray) -> np.ndarray:
+        """The block each of ``rows`` is in."""
+        return np.searchsorted(self.blocks()[0], rows, side="right") - 1
+
     def block(self, block: int) -> Block:
         """Block ``block``: its rows' every field, parsed as the local copy
         parses them (`example_batch`)."""
@@ -471,5 +475,12 @@ class RangedExamples(RangedRows):
     def __repr__(self) -> str:
         return f"RangedExamples({self.url!r}, {self.dtype} {list(self.shape)})"
 
+    @property
+    def cache(self) -> BlockCache:
+        return self._shards.cache
+
     def _gather(self, rows: np.ndarray) -> np.ndarray:
         return self._shards.gather(rows, self._name)
+
+    def _blocks_of(self, rows: np.ndarray) -> list[Block]:
+        return [self._shards.block(int(b)) for b in np.unique(self._shards.block_of(rows))]

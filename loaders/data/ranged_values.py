@@ -176,7 +176,10 @@ class RangedBytes:
 
 class RangedValues(RangedRows):
     """A ragged field's values back to back, read in place (see the module):
-    the values of a `RaggedField` whose offsets are in memory."""
+    the values of a `RaggedField` whose offsets are in memory. Not read
+    ahead: they are asked for by value, not by the sampler's rows."""
+
+    reads_ahead = False
 
     def __init__(
         self,

@@ -117,6 +117,26 @@ def test_a_permutation_keeps_more_reads_in_flight_than_four(big):
     assert depth > 4, depth
 
 
+@pytest.mark.parametrize("start", [0, 2])
+def test_the_next_batch_is_asked_for_while_this_one_is_used(big, start):
+    """Once a batch is handed out (of an epoch, or one resumed at batch 2),
+    every block of the next batch in the sampler's order is held or being
+    read (before: none of them, each asked for when its batch was), the
+    batches are the local copy's, and the epoch's end lets the pins go."""
+    kwargs = {"batch_size": 64, "shuffle": True}
+    want = [dict(b) for b in jaxfeed.make("numpy", dataset=str(big["big"]), **kwargs).iter_epoch(0)]
+    source = jaxfeed.make("numpy", dataset=big["url"], storage_options=_opts(big), **kwargs)
+    x = source.dataset.arrays["x"]
+    plan = [rows for rows, _ in source.sampler.epoch_plan(0, start)]
+    epoch = source.iter_epoch(0, start=start)
+    got = [dict(next(epoch))]
+    blocks = x._blocks_of(plan[1])  # one a row: a row of x is 12 KiB, past a small block
+    assert len(blocks) == 64 and all(x.cache.holds(block.key) for block in blocks)
+    got += [dict(b) for b in epoch]
+    assert _same(got, want[start:])
+    assert x.cache.pinned == 0
+
+
 def test_an_object_changed_mid_training_is_refused_at_the_next_epoch(big):
     s3, key = big["s3"], "big-changing/train/x.npy"
     x = np.load(big["big"] / "x.npy")
