@@ -124,10 +124,14 @@ def _jaxfeed(loop: Any, test: Any, what: dict[str, Any]) -> dict[str, Any]:
 
     from jaxfeed.compare import training
     from jaxfeed.compare.training import Limited
+    from jaxfeed.loaders.protocol import SkipsDataState
     from jaxfeed.mnist.train import TrainConfig, evaluate, train
     from jaxfeed.sharding import data_mesh
 
-    source = Limited(loop.wrap(what["batch_size"]), what["max_batches"])
+    source = loop.wrap(what["batch_size"])
+    if isinstance(source, SkipsDataState):  # as train reads it (no checkpoint); Limited hides it
+        source = source.without_data_state()
+    source = Limited(source, what["max_batches"])
     mesh = data_mesh(jax.devices()[:1])
     k = what["steps_per_transfer"]
     epochs = training.trained_epochs(what["epochs"])
