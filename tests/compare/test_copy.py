@@ -353,6 +353,7 @@ def test_table_names_every_row_and_target(compare):
     ):
         assert heading in printed
     assert ".md" not in printed  # cites no file a user may not have
+    assert not re.search(r"^epoch \d+/\d+ ", printed, re.MULTILINE)  # no training's progress lines
     verdicts = re.findall(r"^  (met   |MISSED) ([\w-]+) ", printed, re.MULTILINE)
     assert verdicts == [("met   " if t["met"] else "MISSED", t["row"]) for t in result["targets"]]
 

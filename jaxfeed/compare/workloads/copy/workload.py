@@ -275,6 +275,7 @@ class Copy:
                 TrainConfig(epochs=config.train_epochs, seed=config.seed),
                 sharding=self.mesh,
                 progress=False,
+                log_every=0,  # no progress lines among compare's own output
             )
             steady = history[1:] or history  # epoch 1 includes compiling the step
             return {
