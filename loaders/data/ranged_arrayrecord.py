@@ -30,7 +30,6 @@ are the objects' record counts, as the local copy's are its files'.
 
 from __future__ import annotations
 
-import concurrent.futures
 import json
 import threading
 import zlib
@@ -58,16 +57,19 @@ from jaxfeed.loaders.data.formats.riegeli import (
 from jaxfeed.loaders.data.object_cache import entry_key
 from jaxfeed.loaders.data.ranged_npy import (
     BLOCK_BYTES,
-    READ_ENV,
     BatchFields,
     Block,
     BlockCache,
     read_mode,
 )
-from jaxfeed.loaders.data.ranged_tfrecord import RangedExamples, example_dtype, split_shards
+from jaxfeed.loaders.data.ranged_tfrecord import (
+    RangedExamples,
+    example_dtype,
+    indexed,
+    split_shards,
+)
 from jaxfeed.loaders.data.remote import (
     CACHE_BYTES_ENV,
-    FETCH_THREADS,
     RemoteObjects,
     cache_bytes,
 )
@@ -101,21 +103,10 @@ def arrayrecord_fields(
     if files is None:
         return None
 
-    def index(relative: str) -> dict:
-        return _index(objects, relative)
-
-    with concurrent.futures.ThreadPoolExecutor(FETCH_THREADS, "jaxfeed-index") as pool:
-        indexes = dict(zip(files, pool.map(index, files), strict=True))
     bound = cache_bytes() // 4
-    refused = _refusal(objects, indexes, bound)
-    if refused is not None:
-        if mode == "auto":
-            return None
-        raise ValueError(
-            f"{READ_ENV}=ranges: {refused}, which is not read in place: set {READ_ENV}=whole "
-            "to fetch the files into the cache (JAXFEED_CACHE_BYTES must hold them)"
-        )
-    kept = {r: i for r, i in indexes.items() if i["records"]}
+    kept = indexed(objects, files, _index, lambda made: _refusal(objects, made, bound), mode)
+    if kept is None:
+        return None
     reader = _Files(objects, kept, BlockCache(bound))
     fields = {name: RangedArrayRecords(reader, name) for name in reader.schema}
     return fields, [i["records"] for i in kept.values()]

@@ -32,7 +32,7 @@ import concurrent.futures
 import json
 import struct
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path, PurePosixPath
 
 import numpy as np
@@ -69,7 +69,14 @@ from jaxfeed.loaders.data.ranged_values import (
 from jaxfeed.loaders.data.remote import CACHE_BYTES_ENV, FETCH_THREADS, RemoteObjects, cache_bytes
 from jaxfeed.loaders.ragged_field import RaggedField
 
-__all__ = ["INDEX_DIR", "RangedExamples", "example_dtype", "split_shards", "tfrecord_fields"]
+__all__ = [
+    "INDEX_DIR",
+    "RangedExamples",
+    "example_dtype",
+    "indexed",
+    "split_shards",
+    "tfrecord_fields",
+]
 
 INDEX_DIR = "tfrecord-index"  # under jaxfeed's cache: one entry per object version
 LAYOUT = "v2"  # of an index entry: bumping it builds them again (v2: each record's sizes)
@@ -100,22 +107,38 @@ def tfrecord_fields(
     if shards is None:
         return None
 
-    def index(relative: str) -> dict:
-        return _index(objects, relative)
+    kept = indexed(objects, shards, _index, lambda made: _refusal(objects, made), mode)
+    if kept is None:
+        return None
+    reader = _Shards(objects, kept, BlockCache(cache_bytes() // 4))
+    return reader.fields(), [i["records"] for i in kept.values()]
 
+
+def indexed(
+    objects: RemoteObjects,
+    relatives: list[str],
+    index: Callable[[RemoteObjects, str], dict],
+    refusal: Callable[[dict[str, dict]], str | None],
+    mode: str,
+) -> dict[str, dict] | None:
+    """Each object's index (``index``, built or loaded, `FETCH_THREADS` at
+    once) by its relative path, the objects without records left out; None
+    under ``auto`` when ``refusal`` says one is not read in place.
+
+    Raises:
+      ValueError: under ``ranges``, the refusal, with the fix.
+    """
     with concurrent.futures.ThreadPoolExecutor(FETCH_THREADS, "jaxfeed-index") as pool:
-        indexes = dict(zip(shards, pool.map(index, shards), strict=True))
-    refused = _refusal(objects, indexes)
+        made = dict(zip(relatives, pool.map(lambda r: index(objects, r), relatives), strict=True))
+    refused = refusal(made)
     if refused is not None:
         if mode == "auto":
             return None
         raise ValueError(
             f"{READ_ENV}=ranges: {refused}, which is not read in place: set {READ_ENV}=whole "
-            "to fetch the shards into the cache (JAXFEED_CACHE_BYTES must hold them)"
+            "to fetch the objects into the cache (JAXFEED_CACHE_BYTES must hold them)"
         )
-    kept = {r: i for r, i in indexes.items() if i["records"]}
-    reader = _Shards(objects, kept, BlockCache(cache_bytes() // 4))
-    return reader.fields(), [i["records"] for i in kept.values()]
+    return {r: i for r, i in made.items() if i["records"]}
 
 
 def split_shards(
