@@ -12,6 +12,7 @@ internal (docs/architecture.md says which room is which):
 - `array_dataset`: `ArrayDataset`, named arrays with one row axis.
 - `bytes_field`: `BytesField`, encoded bytes per row.
 - `ragged_field`: `RaggedField`, rows of numbers of different lengths.
+- `remote_field`: `RemoteField`, a field whose rows are read from a store as asked for.
 - `sequence_plan`: `Pad`, `Bucket`, `Pack`: static batches of such rows.
 - `mixture_plan`: `Mixture`: several datasets in one stream by weight.
 - `host_fields`: fields carried with each batch as host numpy.

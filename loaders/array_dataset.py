@@ -7,13 +7,14 @@ import json
 import threading
 import types
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol
 
 import numpy as np
 from jaxfeed.loaders._io.mapped_files import memmap_of
 from jaxfeed.loaders.bytes_field import BytesField
 from jaxfeed.loaders.protocol import MASK_KEY
 from jaxfeed.loaders.ragged_field import RaggedField
+from jaxfeed.loaders.remote_field import RemoteField
 
 __all__ = ["ArrayDataset", "InPlaceFiles", "Origin", "RemoteField"]
 
@@ -50,26 +51,6 @@ class Origin(Protocol):
     def check(self) -> None:
         """Raises ValueError, naming the object, when one changed since the
         dataset was made."""
-
-
-@runtime_checkable
-class RemoteField(Protocol):
-    """A numeric field whose rows stay where they lie, read as they are asked
-    for (a store's ``.npy`` object, by ranged reads): indexed by a row, a
-    slice or an array of rows, it gives numpy arrays of ``dtype``, which is
-    already what the device holds (this machine's byte order, 64-bit
-    narrowed as `as_device_dtype` would). It is neither mapped nor in memory,
-    so the kernel's read-ahead and a file's checks pass it by; ``url`` names
-    where it lies (its `Origin` checks it)."""
-
-    url: str
-    shape: tuple[int, ...]
-    dtype: np.dtype
-    nbytes: int
-
-    def __len__(self) -> int: ...
-
-    def __getitem__(self, index: Any) -> np.ndarray: ...
 
 
 class ArrayDataset(Mapping[str, np.ndarray]):

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 
 import numpy as np
 from jaxfeed.loaders._io.mapped_files import for_pickle, from_pickle
+from jaxfeed.loaders.remote_field import RemoteField
 
 __all__ = ["RaggedField"]
 
@@ -148,8 +149,6 @@ class RaggedField:
 def _read_in_place(values: object) -> bool:
     """Whether ``values`` are a store's, read as they are asked for (a
     `RemoteField`): kept so, never read whole into memory."""
-    from jaxfeed.loaders.array_dataset import RemoteField  # it imports this module
-
     return isinstance(values, RemoteField)
 
 

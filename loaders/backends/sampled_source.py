@@ -13,11 +13,12 @@ from collections.abc import Iterator, Mapping, Sequence
 import numpy as np
 from jaxfeed.loaders._io.on_disk_fields import OnDiskFields, check_unchanged, file_identities
 from jaxfeed.loaders._workers.record_pool import RecordPool, RowReader
-from jaxfeed.loaders.array_dataset import ArrayDataset, RemoteField
+from jaxfeed.loaders.array_dataset import ArrayDataset
 from jaxfeed.loaders.bytes_field import BytesField
 from jaxfeed.loaders.checks import check_workers
 from jaxfeed.loaders.data.ranged_ahead import RangedReadAhead
 from jaxfeed.loaders.protocol import MASK_KEY, ArraySpec, Batch
+from jaxfeed.loaders.remote_field import RemoteField
 from jaxfeed.loaders.rows import pad_rows
 from jaxfeed.loaders.sampler import Sampler
 from jaxfeed.loaders.transform import RecordTransform
