@@ -40,7 +40,7 @@ class RangedReadAhead:
     """
 
     def __init__(self, fields: Iterable[object], plan: Sequence[np.ndarray]):
-        self._fields = [f for f in fields if isinstance(f, RangedRows) and f.reads_ahead]
+        self._fields = [f for f in fields if isinstance(f, RangedRows)]
         self._caches: list[BlockCache] = []
         for field in self._fields:
             if all(field.cache is not c for c in self._caches):

@@ -30,6 +30,7 @@ are the objects' record counts, as the local copy's are its files'.
 
 from __future__ import annotations
 
+import functools
 import json
 import threading
 import zlib
@@ -60,14 +61,13 @@ from jaxfeed.loaders.data.ranged_npy import (
     BatchFields,
     Block,
     BlockCache,
-    read_mode,
 )
 from jaxfeed.loaders.data.ranged_tfrecord import (
     RangedExamples,
     example_dtype,
     indexed,
-    split_shards,
 )
+from jaxfeed.loaders.data.ranged_values import block_indices, gather_rows
 from jaxfeed.loaders.data.remote import (
     CACHE_BYTES_ENV,
     RemoteObjects,
@@ -96,15 +96,9 @@ def arrayrecord_fields(
         with the byte).
       MissingSplitError: the files hold other splits but not ``split``.
     """
-    mode = read_mode(objects)
-    if mode is None:
-        return None
-    files = split_shards(objects, split, splits, "arrayrecord")
-    if files is None:
-        return None
-
     bound = cache_bytes() // 4
-    kept = indexed(objects, files, _index, lambda made: _refusal(objects, made, bound), mode)
+    refusal = functools.partial(_refusal, objects, bound=bound)
+    kept = indexed(objects, split, splits, "arrayrecord", _index, refusal)
     if kept is None:
         return None
     reader = _Files(objects, kept, BlockCache(bound))
@@ -303,7 +297,7 @@ class _Files:
         return tuple(np.asarray(a, np.int64) for a in (first_rows, files, firsts, stops))
 
     def block_of(self, rows: np.ndarray) -> np.ndarray:
-        return np.searchsorted(self.blocks()[0][0], rows, side="right") - 1
+        return block_indices(self.blocks()[0][0], rows)
 
     def gather(self, rows: np.ndarray, name: str) -> np.ndarray:
         """Field ``name``'s ``rows`` (as parsed), a block of chunks at a time:
@@ -312,21 +306,11 @@ class _Files:
         return self._fields.field(name, rows, self._gather)
 
     def _gather(self, rows: np.ndarray) -> dict[str, np.ndarray]:
-        out = {
-            name: np.empty((len(rows), *([n] if n > 1 else [])), example_dtype(kind))
+        fields = {
+            name: ("array", example_dtype(kind), (n,) if n > 1 else ())
             for name, (kind, n) in self.schema.items()
         }
-        blocks = self.block_of(rows)
-        order = np.argsort(blocks, kind="stable")
-        needed, starts = np.unique(blocks[order], return_index=True)
-        groups = np.split(order, starts[1:])
-        first_rows = self.blocks()[0][0]
-        for i, parsed in self.cache.blocks([self.block(int(b)) for b in needed]):
-            where = groups[i]
-            at = rows[where] - first_rows[needed[i]]
-            for field in out:
-                out[field][where] = parsed[field][at]
-        return out
+        return gather_rows(self.cache, self.block, self.blocks()[0][0], rows, fields)
 
     def block(self, block: int) -> Block:
         """Block ``block``: its chunks' rows, every field (as parsed), as one

@@ -555,7 +555,6 @@ class RangedRows:
     shape: tuple[int, ...]
     dtype: np.dtype
     url: str
-    reads_ahead = True  # `prefetch` works: its `cache` and `_blocks_of` are defined
 
     @property
     def ndim(self) -> int:

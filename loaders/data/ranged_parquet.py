@@ -36,6 +36,7 @@ import hashlib
 import io
 import tempfile
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +59,7 @@ from jaxfeed.loaders.data.ranged_values import (
     FieldBlock,
     RangedBytes,
     RangedValues,
+    blocks_for,
     gather_rows,
     gather_values,
 )
@@ -379,16 +381,24 @@ class _RowGroups:
 
     def blocks_of(self, rows: np.ndarray) -> list[Block]:
         """The row groups a gather of ``rows`` reads (`_gather`'s blocks)."""
-        groups = np.unique(np.searchsorted(self._starts, rows, side="right") - 1)
-        return [self._block(int(g), self._row_columns) for g in groups]
+        block = functools.partial(self._block, names=self._row_columns)
+        return blocks_for(block, self._starts, rows)
 
     def values_of(self, name: str, values: np.ndarray) -> np.ndarray:
         """The ragged column ``name``'s ``values`` (indices into its values
         back to back, as stored), a row group at a time."""
         _, dtype, frame = self.columns[name]
-        starts = self._offsets[name][self._starts]
-        block = functools.partial(self._block, names=(name,))
+        block, starts = self._value_blocks(name)
         return gather_values(self.cache, block, starts, values, name, dtype, frame)
+
+    def value_blocks(self, name: str, values: np.ndarray) -> list[Block]:
+        """The blocks `values_of` reads for ``values``."""
+        return blocks_for(*self._value_blocks(name), values)
+
+    def _value_blocks(self, name: str) -> tuple[Callable[[int], Block], np.ndarray]:
+        """The ragged column ``name``'s blocks (the column alone, a row group
+        each) and each one's first value."""
+        return functools.partial(self._block, names=(name,)), self._offsets[name][self._starts]
 
     def _block(self, index: int, names: tuple[str, ...]) -> Block:
         """The columns ``names`` of row group ``index`` (of all the split's),

@@ -62,6 +62,8 @@ from jaxfeed.loaders.data.ranged_values import (
     FieldBlock,
     RangedBytes,
     RangedValues,
+    block_indices,
+    blocks_for,
     gather_rows,
     gather_values,
     ragged_parts,
@@ -100,14 +102,7 @@ def tfrecord_fields(
         the local reader says; a record past the block cache's bound.
       MissingSplitError: the shards hold other splits but not ``split``.
     """
-    mode = read_mode(objects)
-    if mode is None:
-        return None
-    shards = split_shards(objects, split, splits, "tfrecord")
-    if shards is None:
-        return None
-
-    kept = indexed(objects, shards, _index, lambda made: _refusal(objects, made), mode)
+    kept = indexed(objects, split, splits, "tfrecord", _index, lambda made: _refusal(objects, made))
     if kept is None:
         return None
     reader = _Shards(objects, kept, BlockCache(cache_bytes() // 4))
@@ -116,18 +111,26 @@ def tfrecord_fields(
 
 def indexed(
     objects: RemoteObjects,
-    relatives: list[str],
+    split: str,
+    splits: tuple[str, ...],
+    kind: str,
     index: Callable[[RemoteObjects, str], dict],
     refusal: Callable[[dict[str, dict]], str | None],
-    mode: str,
 ) -> dict[str, dict] | None:
-    """Each object's index (``index``, built or loaded, `FETCH_THREADS` at
-    once) by its relative path, the objects without records left out; None
-    under ``auto`` when ``refusal`` says one is not read in place.
+    """Each of ``split``'s objects' index (``index``, built or loaded,
+    `FETCH_THREADS` at once) by its relative path, the objects without
+    records left out; None where they are fetched whole: as `read_mode`
+    chooses, or they are not all shards of ``kind`` (`split_shards`), or
+    (under ``auto``) ``refusal`` says one is not read in place.
 
     Raises:
       ValueError: under ``ranges``, the refusal, with the fix.
+      MissingSplitError: the objects hold other splits but not ``split``.
     """
+    mode = read_mode(objects)
+    relatives = None if mode is None else split_shards(objects, split, splits, kind)
+    if relatives is None:
+        return None
     with concurrent.futures.ThreadPoolExecutor(FETCH_THREADS, "jaxfeed-index") as pool:
         made = dict(zip(relatives, pool.map(lambda r: index(objects, r), relatives), strict=True))
     refused = refusal(made)
@@ -409,9 +412,13 @@ class _Shards:
         starts = self.offsets[name][self.blocks()[0]]
         return gather_values(self.cache, self.block, starts, values, name, dtype, frame)
 
+    def value_blocks(self, name: str, values: np.ndarray) -> list[Block]:
+        """The blocks `values_of` reads for ``values``."""
+        return blocks_for(self.block, self.offsets[name][self.blocks()[0]], values)
+
     def block_of(self, rows: np.ndarray) -> np.ndarray:
         """The block each of ``rows`` is in."""
-        return np.searchsorted(self.blocks()[0], rows, side="right") - 1
+        return block_indices(self.blocks()[0], rows)
 
     def block(self, block: int) -> Block:
         """Block ``block``: its rows' every field, parsed as the local copy

@@ -35,6 +35,8 @@ __all__ = [
     "FieldBlock",
     "RangedBytes",
     "RangedValues",
+    "block_indices",
+    "blocks_for",
     "gather_rows",
     "gather_values",
     "ragged_parts",
@@ -54,9 +56,13 @@ class _Reader(Protocol):
     """What the fields below read through (`ranged_parquet`'s row groups,
     `ranged_tfrecord`'s shards)."""
 
+    cache: BlockCache
+
     def rows_of(self, name: str, rows: np.ndarray) -> np.ndarray: ...
 
     def values_of(self, name: str, values: np.ndarray) -> np.ndarray: ...
+
+    def value_blocks(self, name: str, values: np.ndarray) -> list[Block]: ...
 
 
 def ragged_parts(values: np.ndarray | RaggedField, frame: tuple[int, ...]) -> RaggedField:
@@ -71,10 +77,23 @@ def ragged_parts(values: np.ndarray | RaggedField, frame: tuple[int, ...]) -> Ra
     return RaggedField.from_lengths(flat, np.full(rows, length, np.int64))
 
 
+def block_indices(starts: np.ndarray, wanted: np.ndarray) -> np.ndarray:
+    """The block (by the blocks' first row or value, ``starts``) each of
+    ``wanted`` lies in."""
+    return np.searchsorted(starts, wanted, side="right") - 1
+
+
+def blocks_for(
+    block: Callable[[int], Block], starts: np.ndarray, wanted: np.ndarray
+) -> list[Block]:
+    """The blocks a gather of ``wanted`` reads (what the read-ahead asks for)."""
+    return [block(int(b)) for b in np.unique(block_indices(starts, wanted))]
+
+
 def _blocks_of(starts: np.ndarray, wanted: np.ndarray) -> tuple[np.ndarray, list[np.ndarray]]:
     """The blocks (by their first row or value, ``starts``) that ``wanted``
     lie in, and for each, where in ``wanted`` its items are."""
-    blocks = np.searchsorted(starts, wanted, side="right") - 1
+    blocks = block_indices(starts, wanted)
     order = np.argsort(blocks, kind="stable")
     needed, firsts = np.unique(blocks[order], return_index=True)
     return needed, np.split(order, firsts[1:])
@@ -176,10 +195,8 @@ class RangedBytes:
 
 class RangedValues(RangedRows):
     """A ragged field's values back to back, read in place (see the module):
-    the values of a `RaggedField` whose offsets are in memory. Not read
-    ahead: they are asked for by value, not by the sampler's rows."""
-
-    reads_ahead = False
+    the values of a `RaggedField` whose offsets are in memory (a sequence
+    source reads them as rows of their own, so they are read ahead too)."""
 
     def __init__(
         self,
@@ -197,8 +214,15 @@ class RangedValues(RangedRows):
     def __repr__(self) -> str:
         return f"RangedValues({self.url!r}, {self.dtype} {list(self.shape)})"
 
+    @property
+    def cache(self) -> BlockCache:
+        return self._reader.cache
+
     def _gather(self, values: np.ndarray) -> np.ndarray:
         return self._reader.values_of(self._name, values)
+
+    def _blocks_of(self, values: np.ndarray) -> list[Block]:
+        return self._reader.value_blocks(self._name, values)
 
     def _served(self, values: np.ndarray) -> np.ndarray:
         return narrowed(values, self.dtype, self.url)
