@@ -146,6 +146,22 @@ def _same(a: list, b: list) -> bool:
     )
 
 
+def _reads_as_the_local_copy(source, local, cache_bound: int) -> None:
+    """``source`` (read in place) has ``local``'s units and fields' dtypes and
+    shapes, gives its batches over two epochs and from batch 2 of epoch 1
+    on, and its block cache stayed within ``cache_bound``."""
+    assert source.dataset.units == local.dataset.units
+    assert {k: (v.dtype, v.shape) for k, v in source.dataset.arrays.items()} == {
+        k: (v.dtype, v.shape) for k, v in local.dataset.arrays.items()
+    }
+    want = _epochs(local)
+    assert _same(_epochs(source), want)
+    resumed = [dict(b) for b in source.iter_epoch(1, start=2)]
+    assert _same(resumed, want[len(want) // 2 + 2 :])
+    cache = next(iter(source.dataset.arrays.values())).cache
+    assert 0 < cache.peak_bytes <= cache.max_bytes == cache_bound, cache.peak_bytes
+
+
 @pytest.mark.parametrize("prefix", ["npy/", "pq/", "tfrecord/", "arrayrecord/"])
 def test_every_backend_reads_the_local_copys_batches(store, prefix):
     url = f"s3://{BUCKET}/{prefix}"
