@@ -24,15 +24,22 @@ class GlobalRandomDataset(torch.utils.data.Dataset):
 
 
 class RarelyRandomDataset(torch.utils.data.Dataset):
-    """Row ``i``; only the last row draws (from numpy's global generator):
-    augmentation that is applied now and then."""
+    """Row ``i``; only the last row draws, from one global generator (numpy's,
+    Python's ``random``, its ``gauss``, or torch's): augmentation that is
+    applied now and then."""
 
-    def __init__(self, rows: int = 64):
-        self.rows = rows
+    def __init__(self, rows: int = 64, generator: str = "numpy"):
+        self.rows, self.generator = rows, generator
 
     def __len__(self) -> int:
         return self.rows
 
     def __getitem__(self, i: int) -> dict:
-        x = np.float32(i) + (np.random.random() if i == self.rows - 1 else 0)
+        draw = {
+            "numpy": np.random.random,
+            "python": random.random,
+            "python-gauss": lambda: random.gauss(0, 1),
+            "torch": lambda: torch.rand(()).item(),
+        }[self.generator]
+        x = np.float32(i) + (draw() if i == self.rows - 1 else 0)
         return {"x": np.array([x], np.float32), "row": np.int32(i)}

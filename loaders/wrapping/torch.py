@@ -33,11 +33,12 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
-from jaxfeed.loaders._doors.torch import loader_workers
+from jaxfeed.loaders._doors.torch import default_collate_is_torchs, loader_workers
 from jaxfeed.loaders._workers.main_script import main_script_uses, rerun_problem
 from jaxfeed.loaders._workers.spawn import SPAWN, SPAWN_WITHOUT_MAIN, reported_start, start_method
 from jaxfeed.loaders._workers.torch_epochs import EpochLoaders, iterate
 from jaxfeed.loaders.wrapping.epochs import Epochs, WrapSettings
+from jaxfeed.loaders.wrapping.numpy_collate import collate_numpy
 from jaxfeed.loaders.wrapping.random_access import (
     RandomAccess,
     class_names,
@@ -183,9 +184,9 @@ def _torch_reader(dataset: Any, kwargs: dict[str, Any], seed: int) -> Callable[.
     """Reads plans through DataLoaders built like the user's (`EpochLoaders`),
     each batch's ``__getitem__`` and collate calls drawing from torch's RNG
     seeded by the batch (see `_SeededBatches`)."""
-    user_collate = kwargs.pop("collate_fn", None)
-    if user_collate is None:
-        from torch.utils.data import default_collate as user_collate
+    from torch.utils.data import default_collate
+
+    user_collate = kwargs.pop("collate_fn", None) or default_collate
     seeded = _SeededBatches(dataset, user_collate, seed)
     read = EpochLoaders(seeded, **kwargs, collate_fn=_collated)
     # Python ints, as torch's own samplers give.
@@ -206,10 +207,15 @@ class _SeededBatches:
     epoch, the batch's rows)`` and restored after (`seeded_globals`), once
     the reading is seen to draw from them (`GlobalDraws`): a ``__getitem__``
     or collate that draws random numbers (an augmentation) draws the same for
-    the same batch in any process, worker or resume, and a new draw every epoch."""
+    the same batch in any process, worker or resume, and a new draw every epoch.
+    torch's ``default_collate`` of numpy records is made in numpy
+    (`collate_numpy`) in the training process."""
 
     def __init__(self, dataset: Any, collate: Callable, seed: int):
         self.dataset, self.collate, self.draws = dataset, collate, GlobalDraws(seed)
+        from torch.utils.data import default_collate
+
+        self._default = collate is default_collate
 
     def __len__(self) -> int:
         return len(self.dataset)
@@ -226,7 +232,18 @@ class _SeededBatches:
             records = getitems(list(rows))
         else:
             records = read_records(self.dataset.__getitem__, rows, rows.epoch, "torch Dataset")
+        if self._default and _in_this_process() and default_collate_is_torchs():
+            batch = collate_numpy(records)
+            if batch is not None:
+                return batch
         return self.collate(records)
+
+
+def _in_this_process() -> bool:
+    """Whether the DataLoader reads in this process, not in one of its workers."""
+    from torch.utils.data import get_worker_info
+
+    return get_worker_info() is None
 
 
 class _Collated:

@@ -56,20 +56,56 @@ def _counting_seeds(monkeypatch):
     return calls
 
 
-def test_a_dataset_that_draws_only_now_and_then_is_seeded_from_its_first_draw(monkeypatch):
+@pytest.mark.parametrize("generator", ["numpy", "python", "python-gauss", "torch"])
+def test_a_dataset_that_draws_only_now_and_then_is_seeded_from_its_first_draw(
+    monkeypatch, generator
+):
     import torch
     from torch.utils.data import DataLoader, TensorDataset
 
     calls = _counting_seeds(monkeypatch)
     pure = jaxfeed.wrap(DataLoader(TensorDataset(torch.arange(64.0)), batch_size=8), keys=("x",))
     assert len(_epoch(pure)) == 8 and calls == []  # it never draws: never seeded
-    loader = DataLoader(RarelyRandomDataset(), batch_size=8)  # only row 63 (batch 7) draws
+    # only row 63 (batch 7) draws; "python-gauss" takes the deviate random.gauss
+    # keeps from its last call (the generator's words do not move)
+    # (its own generator: a DataLoader's iterator draws its base seed from torch's otherwise)
+    own = torch.Generator().manual_seed(0)
+    loader = DataLoader(RarelyRandomDataset(generator=generator), batch_size=8, generator=own)
     source = jaxfeed.wrap(loader, seed=3)
-    before = np.random.get_state()[1].copy(), random.getstate()
+    random.gauss(0, 1)
+    before = _global_states()
     first = _assert_reproducible(source)  # the draw is seeded: the same on every re-read
     assert calls[0] == (0, list(range(56, 64)))  # batches 0-6 read plainly, batch 7 seeded
-    assert np.array_equal(np.random.get_state()[1], before[0]) and random.getstate() == before[1]
+    assert _global_states() == before  # the program's generators as they were
     assert first[6]["x"][:, 0].tolist() == list(range(48, 56))
+
+
+def _global_states():
+    import torch
+
+    return (
+        np.random.get_state()[1].tobytes(),
+        random.getstate(),
+        torch.default_generator.get_state().numpy().tobytes(),
+    )
+
+
+def test_the_watch_reads_the_generators_as_words_on_this_python_and_numpy():
+    """The watch reads numpy's and CPython's generator structs directly (checked
+    against their public getstate once); a layout these versions no longer
+    have falls back to slower reads, which this names."""
+    import platform
+    import sys
+
+    from jaxfeed.loaders.wrapping import seeded
+
+    python = f"{platform.python_implementation()} {sys.version.split()[0]}"
+    assert seeded._numpy_words() is not None, f"numpy {np.__version__}'s MT19937 layout moved"
+    assert seeded._python_words() is not None, f"{python}'s random.Random layout moved"
+    words = seeded._python_words()
+    random.random()
+    _, key, _ = random.getstate()
+    assert words[1:].tolist() == list(key[:624]) and words[0] == key[624]  # a live view
 
 
 def _augment(batch):

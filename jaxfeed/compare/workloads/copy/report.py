@@ -176,7 +176,9 @@ def _wrap_table(wrap: dict[str, dict], epochs: str) -> str:
     return table(
         "Wrapped loaders: your own loader object (each tutorial row's), iterated bare vs "
         "through wrap() (the same reads, so wrap() can only add time; but a HF Dataset, "
-        "which wrap() reads in whole-batch slices, not by Dataset.iter), and trained by "
+        "which wrap() reads in whole-batch slices, not by Dataset.iter, and a torch "
+        "DataLoader with default_collate over numpy rows, which wrap() collates in numpy, "
+        "not a tensor per row), and trained by "
         "jaxfeed.mnist.train on wrap(obj) vs Keras 3 model.fit(obj) (same MLP and optimiser, one "
         f"device each, each run in a fresh process; epoch: {epochs}). cpu: the ratio of "
         "process CPU seconds per epoch (all threads), which other work on the machine "
