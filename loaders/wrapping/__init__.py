@@ -12,6 +12,7 @@ as a `BatchSource`. Its modules are internal.
 - `epochs`: what every kind's adapter returns (`Epochs`, `WrapSettings`).
 - `seeded`: the global generators seeded per batch while a loader's own code
   reads it.
+- `numpy_collate`: torch's ``default_collate`` of numpy records, made in numpy.
 """
 
 from jaxfeed.loaders.wrapping.wrapped_source import WrappedSource, wrap
