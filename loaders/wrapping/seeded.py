@@ -60,7 +60,7 @@ class GlobalDraws:
     from a global generator, in this process; before that, plainly.
 
     Each plain read is watched: the generators' states are copied before it
-    and compared after it (~3 µs; `seeded_globals` costs ~0.1 ms a batch).
+    and compared after it (~7 µs; `seeded_globals` costs ~0.1 ms a batch).
     A read that moved one is undone (the states put back) and read again
     seeded, and every later read is seeded. A read that moved none drew
     nothing, so seeding would not have changed it: the batches are those of
