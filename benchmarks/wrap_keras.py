@@ -13,9 +13,12 @@ epoch is the median of its epochs 2..; the figure is the median over runs
 of jaxfeed's epoch over Keras's, and of their process CPU seconds per epoch
 (all threads), which other work on a shared machine sways less.
 
-Then, in this process, what `wrap` adds to reading the loader: one epoch
-bare and through ``wrap`` (interleaved), and the µs per batch of
-`seeded_globals` beside `GlobalDraws.read` on a dataset that never draws.
+Then, in this process, reading the loader: one epoch bare and through
+``wrap`` (interleaved; ``wrap`` collates its numpy rows in numpy, not a
+tensor per row), the same pair with a ``collate_fn`` of the user's own
+(which ``wrap`` runs as it is: ``wrap``'s own cost over the same reads), and
+the µs per batch of `seeded_globals` beside `GlobalDraws.read` on a dataset
+that never draws.
 
     python3 benchmarks/wrap_keras.py --data-dir ../shared/data/mnist --repeats 5
     python3 benchmarks/wrap_keras.py --baseline-root /tmp/main-checkout   # before vs after
@@ -60,7 +63,7 @@ def _fits(args) -> dict:
     for repeat in range(args.repeats):
         for side in sides:
             what = fresh.spec(
-                "keras" if side == "keras" else "jaxfeed", "torch", dataset=args.dataset,
+                "keras" if side == "keras" else "jaxfeed", args.framework, dataset=args.dataset,
                 data_dir=args.data_dir, batch_size=args.batch_size, seed=0, epochs=args.epochs,
                 max_batches=None,
             )  # fmt: skip
@@ -92,16 +95,36 @@ def _reading(args) -> dict:
         for b in baselines.tutorials(["torch"], data["image"], data["label"], args.batch_size, 0)
         if b.name == fresh.BARE["torch"]
     ]
-    wrapped = loop.wrap(args.batch_size)
-    times = {"bare": [], "wrap": []}
+    own = _with_own_collate(loop.obj)
+    sides = {
+        "bare": lambda e: iter(loop.obj),
+        "wrap": loop.wrap(args.batch_size).iter_epoch,
+        # A collate_fn of the user's own (here default_collate behind a lambda):
+        # wrap runs it, so this pair is wrap's own cost over the same reads.
+        "bare_own_collate": lambda e: iter(own),
+        "wrap_own_collate": loaders.wrap(own).iter_epoch,
+    }
+    times = {name: [] for name in sides}
     for epoch in range(args.reading_repeats):
-        for name, epochs in (("bare", lambda e: iter(loop.obj)), ("wrap", wrapped.iter_epoch)):
+        for name, epochs in sides.items():
             started = time.perf_counter()
             for _ in epochs(epoch):
                 pass
             times[name].append(time.perf_counter() - started)
     out = {f"{name}_epoch_s": round(statistics.median(t), 5) for name, t in times.items()}
     return out | _seeding_us()
+
+
+def _with_own_collate(loader):
+    """``loader`` built again with ``collate_fn=lambda rows: default_collate(rows)``."""
+    import torch
+    from torch.utils.data import DataLoader, default_collate
+
+    generator = torch.Generator().manual_seed(0)
+    return DataLoader(
+        loader.dataset, batch_size=loader.batch_size, shuffle=True, generator=generator,
+        collate_fn=lambda rows: default_collate(rows),
+    )  # fmt: skip
 
 
 def _seeding_us(calls: int = 2000) -> dict:
@@ -142,18 +165,27 @@ def main() -> None:
     parser.add_argument("--reading-repeats", type=int, default=15)
     parser.add_argument("--skip-fit", action="store_true", help="the reading figures only")
     parser.add_argument(
+        "--framework", default="torch", choices=sorted(fresh.BARE),
+        help="whose tutorial loader the fit rows train on (the reading figures: torch only)",
+    )  # fmt: skip
+    parser.add_argument(
         "--baseline-root", default=None, help="also train with this checkout's jaxfeed, interleaved"
     )
     parser.add_argument("--tag", default="cpu")
     args = parser.parse_args()
     load = {"start": os.getloadavg()[0]}
-    reading = _reading(args)
-    print(
-        f"reading an epoch: bare DataLoader {reading['bare_epoch_s'] * 1e3:.1f} ms, wrap "
-        f"{reading['wrap_epoch_s'] * 1e3:.1f} ms; seeded_globals {reading['seeded_globals_us']} "
-        f"µs a batch, the watch {reading['watch_us']} µs",
-        flush=True,
-    )
+    reading = _reading(args) if args.framework == "torch" else None
+    if reading is not None:
+        ms = {
+            name[:-8]: value * 1e3 for name, value in reading.items() if name.endswith("_epoch_s")
+        }
+        print(
+            f"reading an epoch: bare DataLoader {ms['bare']:.1f} ms, wrap {ms['wrap']:.1f} ms; "
+            f"with a collate_fn of its own: bare {ms['bare_own_collate']:.1f} ms, wrap "
+            f"{ms['wrap_own_collate']:.1f} ms; seeded_globals {reading['seeded_globals_us']} µs "
+            f"a batch, the watch {reading['watch_us']} µs",
+            flush=True,
+        )
     fits = None if args.skip_fit else _fits(args)
     for side, figures in (fits or {}).items():
         if side != "keras":

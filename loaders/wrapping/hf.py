@@ -12,11 +12,11 @@ each reads its share from ``datasets.distributed.split_dataset_by_node``.
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
-from jaxfeed.loaders._doors.hf import examples_iterable, indices_mapping
+from jaxfeed.loaders._doors.hf import examples_iterable, indices_mapping, row_reader
 from jaxfeed.loaders.wrapping.epochs import Epochs, WrapSettings
 from jaxfeed.loaders.wrapping.random_access import (
     RandomAccess,
@@ -52,11 +52,11 @@ def _table_access(dataset: Any, columns: Sequence[str] | None, seed: int) -> Ran
     custom = dataset.format["type"] == "custom"
     draws = GlobalDraws(seed)
     if custom:
-        get = functools.partial(_transformed, dataset, columns)
+        get = functools.partial(_transformed, row_reader(dataset), columns)
     else:
         # dtype=None keeps the stored dtypes; the numpy formatter otherwise widens
         # every integer column to int64 (uint8 images: 8x the bytes). datasets 5.2.
-        get = dataset.with_format("numpy", columns=columns, dtype=None).__getitem__
+        get = row_reader(dataset.with_format("numpy", columns=columns, dtype=None))
 
     def read(epoch: int, plan: Sequence[np.ndarray]) -> Iterator[Any]:
         for indices in plan:
@@ -69,11 +69,13 @@ def _table_access(dataset: Any, columns: Sequence[str] | None, seed: int) -> Ran
     return RandomAccess(len(dataset), _reordered(dataset), read)
 
 
-def _transformed(dataset: Any, columns: Sequence[str] | None, rows: Any) -> dict[str, Any]:
-    """Rows through the dataset's own formatting transform, each returned
-    column made one array (a transform returns lists of per-row arrays or
-    tensors as often as batched ones)."""
-    batch = dataset[rows]
+def _transformed(
+    read: Callable[[Any], Any], columns: Sequence[str] | None, rows: Any
+) -> dict[str, Any]:
+    """Rows through the dataset's own formatting transform (``read``), each
+    returned column made one array (a transform returns lists of per-row
+    arrays or tensors as often as batched ones)."""
+    batch = read(rows)
     if columns is not None:
         missing = [name for name in columns if name not in batch]
         if missing:

@@ -406,7 +406,57 @@ def test_hf_examples_iterable():
     expect(hf_door.examples_iterable(object()) is None, "hf", "datasets", "no chain is not None")
 
 
+def test_hf_row_reader_reads_what_getitem_reads():
+    import datasets
+
+    images = np.arange(12 * 4, dtype=np.uint8).reshape(12, 2, 2)
+    table = datasets.Dataset.from_dict(
+        {"image": images, "label": np.arange(12), "name": list("abcdefghijkl")}
+    )
+    as_numpy = table.with_format("numpy", dtype=None)
+    cases = {
+        "storage order": as_numpy,
+        "shuffled": as_numpy.shuffle(seed=0),
+        "a contiguous select": as_numpy.select(range(3, 11)),
+        "a gathering select": as_numpy.select([5, 1, 7, 2, 9, 0]),
+        "two columns": table.with_format("numpy", columns=["label", "image"], dtype=None),
+        "two columns, all output": table.with_format(
+            "numpy", columns=["label"], output_all_columns=True
+        ),
+        "python": table,
+        "a transform": table.with_transform(lambda b: {"twice": [2 * x for x in b["label"]]}),
+    }
+    for what, dataset in cases.items():
+        reader = read("hf", "datasets", hf_door.row_reader, dataset)
+        for rows in (slice(0, 4), slice(2, 6), [4, 0, 3], [1]):
+            got, want = reader(rows), dataset[rows]
+            same = got.keys() == want.keys() and all(
+                np.array_equal(np.asarray(got[k]), np.asarray(want[k]))
+                and np.asarray(got[k]).dtype == np.asarray(want[k]).dtype
+                for k in want
+            )
+            expect(same, "hf", "datasets", f"{what}: row_reader(rows={rows}) != dataset[rows]")
+
+
 # --- torch ---------------------------------------------------------------------------------
+
+
+def test_torch_default_collate_registry():
+    from torch.utils.data._utils import collate
+
+    expect(
+        read("torch", "torch", torch_door.default_collate_is_torchs),
+        "torch",
+        "torch",
+        "default_collate_fn_map is not the registry torch ships",
+    )
+    added = dict(collate.default_collate_fn_map)
+    collate.default_collate_fn_map[complex] = collate.collate_float_fn
+    try:
+        expect(not torch_door.default_collate_is_torchs(), "torch", "torch", "an extension unseen")
+    finally:
+        collate.default_collate_fn_map.clear()
+        collate.default_collate_fn_map.update(added)
 
 
 @pytest.mark.slow

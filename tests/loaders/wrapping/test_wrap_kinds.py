@@ -104,16 +104,13 @@ def _hf_dataset(arrays, monkeypatch):
     import datasets
 
     reads = []
-    getitem = datasets.Dataset.__getitem__
+    format_table = datasets.formatting.format_table  # (what wrap formats each batch with)
 
-    def recording(self, key):
-        if isinstance(key, slice):
-            reads.extend(range(*key.indices(len(self))))
-        else:
-            reads.extend(int(i) for i in key)
-        return getitem(self, key)
+    def recording(table, key, **kwargs):
+        reads.extend(range(key.start, key.stop) if isinstance(key, slice) else map(int, key))
+        return format_table(table, key, **kwargs)
 
-    monkeypatch.setattr(datasets.Dataset, "__getitem__", recording)
+    monkeypatch.setattr(datasets.formatting, "format_table", recording)
     return datasets.Dataset.from_dict(arrays), {"batch_size": B}, reads
 
 
