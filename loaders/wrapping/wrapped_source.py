@@ -242,6 +242,12 @@ class WrappedSource:
             raise ValueError(said) from None
 
     def _checked(self, batch: Batch, where: str, num_valid: int | None) -> tuple[Batch | None, int]:
+        if self._like_the_first(batch, num_valid):
+            size = self._batch_size
+            if not self.drop_remainder:
+                batch[MASK_KEY] = self._full_mask(size)
+            self._report.add(batch, (), size, size)
+            return batch, size
         self._check_names(batch, where)
         for lengths, keys in self._pad_groups:
             raw_batches.pad_group(batch, lengths, keys, where)
@@ -276,6 +282,26 @@ class WrappedSource:
             raw_batches.raise_mismatch(self._spec, self._spec_of(batch), where, self._spec_from)
         self._report.add(batch, list(self._pad_to), rows, size)
         return batch, rows
+
+    def _like_the_first(self, batch: Batch, num_valid: int | None) -> bool:
+        """Whether ``batch`` is a full batch of the first batch's fields,
+        dtypes and shapes, nothing to pad or convert: every check below holds
+        for it as it held for the first (~5 µs a batch less)."""
+        spec = self._spec
+        if not self._spec_from or self._pad_groups or self.host_fields or MASK_KEY in batch:
+            return False
+        if len(batch) + (not self.drop_remainder) != len(spec):
+            return False
+        for key, value in batch.items():
+            want = spec.get(key)
+            if (
+                want is None
+                or type(value) is not np.ndarray
+                or value.dtype != want.dtype
+                or value.shape != want.shape
+            ):
+                return False
+        return num_valid is None or num_valid == self._batch_size
 
     def _spec_of(self, batch: Batch) -> dict[str, ArraySpec]:
         return {
