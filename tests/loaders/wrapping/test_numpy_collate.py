@@ -103,6 +103,8 @@ def test_what_default_collate_makes_otherwise_is_left_to_it():
         "two dtypes": [image, image.astype(np.float64)],
         "two scalar types": [np.int32(1), np.int64(2)],
         "two shapes": [image, np.zeros((3, 2), np.float32)],
+        "two ranks": [image, image[None]],
+        "an array and a 0-d one": [np.zeros(1, np.float32), np.zeros((), np.float32)],
         "two lengths": [(image, 1), (image,)],
         "a key missing": [{"x": image}, {"y": image}],
         "big-endian": [image.astype(">f4"), image.astype(">f4")],
