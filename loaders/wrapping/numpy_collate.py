@@ -12,8 +12,11 @@ one type, or Python ints, floats or bools become what ``default_collate``
 makes of them, as numpy arrays of the same dtypes and values: a dict stays a
 dict, a tuple or list becomes a list. Anything else (tensors, strings,
 namedtuples, rows that disagree in type, dtype, shape or length) goes to
-``default_collate``, which raises where it would. Worker processes keep
-``default_collate``: it puts a batch in shared memory, which numpy cannot.
+``default_collate``, which raises where it would. Two leaves it refuses or
+warns about are stacked here: a view with negative strides (a flip;
+``torch.as_tensor`` refuses it) and a read-only array (it warns). Worker
+processes keep ``default_collate``: it puts a batch in shared memory, which
+numpy cannot.
 """
 
 from __future__ import annotations

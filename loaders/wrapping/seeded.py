@@ -212,10 +212,12 @@ def _python_words() -> np.ndarray | None:
     global _python_view
     generator = random.random.__self__  # the module's own Random instance
     if _python_view is None or _python_view[0] is not generator:
-        address = id(generator) + object.__basicsize__
-        words = np.frombuffer((ctypes.c_uint32 * 625).from_address(address), np.uint32)
-        _, key, _ = generator.getstate()
-        if not (words[1:].tolist() == list(key[:624]) and int(words[0]) == key[624]):
-            words = None
+        words = None
+        if sys.implementation.name == "cpython":  # (elsewhere id() need not be an address)
+            address = id(generator) + object.__basicsize__
+            words = np.frombuffer((ctypes.c_uint32 * 625).from_address(address), np.uint32)
+            _, key, _ = generator.getstate()
+            if not (words[1:].tolist() == list(key[:624]) and int(words[0]) == key[624]):
+                words = None
         _python_view = (generator, words)  # (holds the generator: the address stays valid)
     return _python_view[1]

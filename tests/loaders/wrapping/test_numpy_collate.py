@@ -79,6 +79,14 @@ def test_records_of_dicts_tuples_lists_and_python_numbers_keep_default_collates_
         assert not any(isinstance(v, torch.Tensor) for v in _leaves(got))
 
 
+def test_a_flipped_view_that_torch_refuses_is_stacked_as_its_copy():
+    images = _rows(np.float32)
+    flipped = [image[:, ::-1] for image in images]  # negative strides: torch.as_tensor refuses
+    with pytest.raises(ValueError, match="negative"):
+        default_collate(flipped)
+    _assert_same(collate_numpy(flipped), _as_numpy(default_collate([f.copy() for f in flipped])))
+
+
 def _leaves(batch):
     if isinstance(batch, dict):
         batch = list(batch.values())
