@@ -38,7 +38,6 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import numpy as np
-from jaxfeed.loaders.data.cache import build_once, cache_root
 from jaxfeed.loaders.data.formats.arrayrecord import holds_examples
 from jaxfeed.loaders.data.formats.example import (
     Record,
@@ -55,7 +54,6 @@ from jaxfeed.loaders.data.formats.riegeli import (
     footer,
     postscript_footer_offset,
 )
-from jaxfeed.loaders.data.object_cache import entry_key
 from jaxfeed.loaders.data.ranged_npy import (
     BLOCK_BYTES,
     BatchFields,
@@ -64,6 +62,7 @@ from jaxfeed.loaders.data.ranged_npy import (
 )
 from jaxfeed.loaders.data.ranged_tfrecord import (
     RangedExamples,
+    cached_index,
     example_dtype,
     indexed,
 )
@@ -112,14 +111,7 @@ def _index(objects: RemoteObjects, relative: str) -> dict:
     the end of its data, its records, the CRC-32 of its stored bytes),
     ``schema`` (as `example_batch` takes
     it) and ``refused`` (why it is not read in place, or None)."""
-    listed = objects.made_from[relative]
-    key = entry_key(objects.object_url(relative), listed.size, listed.identity)
-    path = build_once(
-        cache_root() / INDEX_DIR / f"{key}-{LAYOUT}",
-        lambda scratch: _write_index(objects, relative, listed.size, scratch),
-    )
-    meta = json.loads((path / "index.json").read_text())
-    meta["schema"] = {name: (kind, length) for name, kind, length in meta["schema"]}
+    meta, path = cached_index(objects, relative, f"{INDEX_DIR}/{{key}}-{LAYOUT}", _write_index)
     return {**meta, "path": str(path / "chunks.npy")}
 
 

@@ -74,6 +74,7 @@ from jaxfeed.loaders.ragged_field import RaggedField
 __all__ = [
     "INDEX_DIR",
     "RangedExamples",
+    "cached_index",
     "example_dtype",
     "indexed",
     "split_shards",
@@ -203,15 +204,29 @@ def _index(objects: RemoteObjects, relative: str) -> dict:
     record's values of each number feature, bytes of each bytes feature),
     ``schema`` (the features, as `example_batch` takes them) and
     ``refused`` (why it is not read in place, or None)."""
+    meta, path = cached_index(objects, relative, f"{INDEX_DIR}/{{key}}-{LAYOUT}", _write_index)
+    return {**meta, "path": str(path / "frames.npy"), "sizes": str(path / "sizes.npy")}
+
+
+def cached_index(
+    objects: RemoteObjects,
+    relative: str,
+    entry: str,
+    write: Callable[[RemoteObjects, str, int, Path], None],
+) -> tuple[dict, Path]:
+    """One object's index entry in jaxfeed's cache, ``entry`` (a path with
+    ``{key}``, the object version's `entry_key`), built by ``write(objects,
+    relative, size, scratch)`` once per object version: its ``index.json``
+    (``schema`` as `example_batch` takes it) and the entry's directory."""
     listed = objects.made_from[relative]
     key = entry_key(objects.object_url(relative), listed.size, listed.identity)
     path = build_once(
-        cache_root() / INDEX_DIR / f"{key}-{LAYOUT}",
-        lambda scratch: _write_index(objects, relative, listed.size, scratch),
+        cache_root() / entry.format(key=key),
+        lambda scratch: write(objects, relative, listed.size, scratch),
     )
     meta = json.loads((path / "index.json").read_text())
     meta["schema"] = {name: (kind, length) for name, kind, length in meta["schema"]}
-    return {**meta, "path": str(path / "frames.npy"), "sizes": str(path / "sizes.npy")}
+    return meta, path
 
 
 def _write_index(objects: RemoteObjects, relative: str, size: int, scratch: Path) -> None:

@@ -154,12 +154,49 @@ def _reads_as_the_local_copy(source, local, cache_bound: int) -> None:
     assert {k: (v.dtype, v.shape) for k, v in source.dataset.arrays.items()} == {
         k: (v.dtype, v.shape) for k, v in local.dataset.arrays.items()
     }
-    want = _epochs(local)
-    assert _same(_epochs(source), want)
-    resumed = [dict(b) for b in source.iter_epoch(1, start=2)]
-    assert _same(resumed, want[len(want) // 2 + 2 :])
+    _reads_and_resumes_as(source, _epochs(local), start=2)
     cache = next(iter(source.dataset.arrays.values())).cache
     assert 0 < cache.peak_bytes <= cache.max_bytes == cache_bound, cache.peak_bytes
+
+
+def _reads_and_resumes_as(source, want: list, start: int) -> None:
+    """``source``'s two epochs are ``want``, and epoch 1 from batch ``start`` is its rest."""
+    assert _same(_epochs(source), want)
+    resumed = [dict(b) for b in source.iter_epoch(1, start=start)]
+    assert _same(resumed, want[len(want) // 2 + start :])
+
+
+def _torch_workers_read_as(local, url: str, options: dict, start: int, check, **kwargs) -> None:
+    """Two torch workers, each opening the store itself, read ``url`` as
+    the numpy backend reads the local copy ``local``, and resume at batch
+    ``start``; ``check(source)`` first (how its fields are read)."""
+    want = _epochs(jaxfeed.make("numpy", dataset=str(local), **kwargs))
+    source = jaxfeed.make("torch", dataset=url, storage_options=options, num_workers=2, **kwargs)
+    try:
+        check(source)
+        _reads_and_resumes_as(source, want, start)
+    finally:
+        source.close()
+
+
+def _refused_under_ranges(env, url: str, options: dict, match: str) -> None:
+    """Under ``JAXFEED_READ=ranges`` loading ``url`` raises a ValueError matching ``match``."""
+    env.setenv("JAXFEED_READ", "ranges")
+    try:
+        with pytest.raises(ValueError, match=match):
+            jaxfeed.load_dataset(url, storage_options=options)
+    finally:
+        env.delenv("JAXFEED_READ")
+
+
+def _fetched_whole(env, url: str, options: dict, bound: int):
+    """``url`` loaded with a cache big enough to fetch it whole (the bound
+    ``bound`` put back after)."""
+    env.setenv("JAXFEED_CACHE_BYTES", str(1 << 30))
+    try:
+        return jaxfeed.load_dataset(url, storage_options=options)
+    finally:
+        env.setenv("JAXFEED_CACHE_BYTES", str(bound))
 
 
 @pytest.mark.parametrize("prefix", ["npy/", "pq/", "tfrecord/", "arrayrecord/"])

@@ -17,7 +17,16 @@ import pytest
 from faulty_proxy import FaultyProxy
 from jaxfeed.loaders.data.formats.example import serialize_example
 from jaxfeed.loaders.data.ranged_arrayrecord import INDEX_DIR, RangedArrayRecords
-from test_object_storage import BUCKET, _epochs, _reads_as_the_local_copy, _same, store
+from test_object_storage import (
+    BUCKET,
+    _epochs,
+    _fetched_whole,
+    _reads_as_the_local_copy,
+    _refused_under_ranges,
+    _same,
+    _torch_workers_read_as,
+    store,
+)
 
 import jaxfeed
 
@@ -120,18 +129,9 @@ def test_an_arrayrecord_split_past_the_cache_is_read_in_place(files, backend, sh
 def test_torch_workers_read_arrayrecord_in_place(files):
     """Two torch workers, each opening the store itself and loading the index
     by its path, read the local copy's batches, and resume at batch 2."""
-    kwargs = {"batch_size": BATCH, "shuffle": True}
-    want = _epochs(jaxfeed.make("numpy", dataset=str(files["ar"]), **kwargs))
-    source = jaxfeed.make(
-        "torch", dataset=files["url"], storage_options=_opts(files), num_workers=2, **kwargs
+    _torch_workers_read_as(
+        files["ar"], files["url"], _opts(files), 2, _read_in_place, batch_size=BATCH, shuffle=True
     )
-    try:
-        _read_in_place(source)
-        assert _same(_epochs(source), want)
-        resumed = [dict(b) for b in source.iter_epoch(1, start=2)]
-        assert _same(resumed, want[len(want) // 2 + 2 :])
-    finally:
-        source.close()
 
 
 def test_the_index_is_built_once_and_an_epoch_reads_the_chunks_not_the_files(files, tmp_path):
@@ -219,16 +219,11 @@ def test_a_damaged_chunk_names_the_object_and_its_byte(files, tmp_path):
     fifth = footer(bytes(data[at : size - (1 << 16)]), at, "d").offsets[5]
     data[fifth + 40 + 3] ^= 0xFF  # chunk 5's data
     url = _put(files, "ar-damaged/", {"train-0.array_record": bytes(data)})
-    files["env"].setenv("JAXFEED_READ", "ranges")
-    try:
-        with pytest.raises(
-            ValueError,
-            match=rf"ar-damaged/train-0\.array_record: the chunk at byte {fifth} fails its data "
-            r"hash: the ArrayRecord file is damaged",
-        ):
-            jaxfeed.load_dataset(url, storage_options=_opts(files))
-    finally:
-        files["env"].delenv("JAXFEED_READ")
+    damaged = (
+        rf"ar-damaged/train-0\.array_record: the chunk at byte {fifth} fails its data "
+        r"hash: the ArrayRecord file is damaged"
+    )
+    _refused_under_ranges(files["env"], url, _opts(files), damaged)
 
 
 @pytest.mark.parametrize("kind", ["transposed", "no-pyarrow", "raw", "bytes", "big-chunk"])
@@ -253,19 +248,11 @@ def test_what_is_not_read_in_place_is_named_under_ranges_and_fetched_under_auto(
     url = _put(files, f"ar-{kind}/", {"train-0.array_record": data})
     if kind == "no-pyarrow":
         monkeypatch.setitem(sys.modules, "pyarrow", None)  # its import fails: no decoder
-    files["env"].setenv("JAXFEED_READ", "ranges")
-    try:
-        with pytest.raises(ValueError, match=rf"train-0\.array_record: {why}.*JAXFEED_READ=whole"):
-            jaxfeed.load_dataset(url, storage_options=_opts(files))
-    finally:
-        files["env"].delenv("JAXFEED_READ")
+    refusal = rf"train-0\.array_record: {why}.*JAXFEED_READ=whole"
+    _refused_under_ranges(files["env"], url, _opts(files), refusal)
     with pytest.raises(ValueError, match=r"more than its bound"):  # auto: the whole fetch
         jaxfeed.load_dataset(url, storage_options=_opts(files))
     monkeypatch.undo()  # pyarrow back
-    files["env"].setenv("JAXFEED_CACHE_BYTES", str(1 << 30))
-    try:
-        whole = jaxfeed.load_dataset(url, storage_options=_opts(files))
-    finally:
-        files["env"].setenv("JAXFEED_CACHE_BYTES", str(CACHE_BYTES))
+    whole = _fetched_whole(files["env"], url, _opts(files), CACHE_BYTES)
     assert not any(isinstance(f, RangedArrayRecords) for f in whole.arrays.values())
     assert len(whole) == len(rows)

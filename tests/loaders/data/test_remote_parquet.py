@@ -14,7 +14,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from jaxfeed.loaders.data.ranged_parquet import RangedParquet
-from test_object_storage import BUCKET, _epochs, _same, store
+from test_object_storage import BUCKET, _epochs, _same, _torch_workers_read_as, store
 
 import jaxfeed
 
@@ -121,18 +121,13 @@ def test_torch_workers_read_in_place_too(split):
     """Two torch workers, each opening the store itself (credentials from the
     environment) with the footers it was sent, read the local copy's batches."""
     split["env"].setenv("JAXFEED_READ", "ranges")
-    kwargs = {"batch_size": 32, "shuffle": "blocks"}
-    want = _epochs(jaxfeed.make("numpy", dataset=str(split["pqbig"]), **kwargs))
-    source = jaxfeed.make(
-        "torch", dataset=split["url"], storage_options=_opts(split), num_workers=2, **kwargs
-    )
-    try:
+
+    def check(source):
         assert isinstance(source.dataset.arrays["x"], RangedParquet)
-        assert _same(_epochs(source), want)
-        resumed = [dict(b) for b in source.iter_epoch(1, start=3)]
-        assert _same(resumed, want[len(want) // 2 + 3 :])
-    finally:
-        source.close()
+
+    _torch_workers_read_as(
+        split["pqbig"], split["url"], _opts(split), 3, check, batch_size=32, shuffle="blocks"
+    )
 
 
 def test_an_object_changed_mid_training_is_refused_at_the_next_epoch(split):

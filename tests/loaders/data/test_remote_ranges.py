@@ -14,7 +14,15 @@ import numpy as np
 import pytest
 from faulty_proxy import FaultyProxy
 from jaxfeed.loaders.data.ranged_npy import RangedNpy
-from test_object_storage import BUCKET, NO_BOTOCORE_RETRIES, _epochs, _same, _through, store
+from test_object_storage import (
+    BUCKET,
+    NO_BOTOCORE_RETRIES,
+    _epochs,
+    _same,
+    _through,
+    _torch_workers_read_as,
+    store,
+)
 
 import jaxfeed
 
@@ -65,17 +73,9 @@ def test_a_split_past_the_cache_is_read_in_place(big, shuffle):
 def test_workers_read_in_place_too(big, shuffle):
     """Two torch workers, each opening the store itself (credentials from the
     environment), read the local copy's batches, and resume at batch 3."""
-    kwargs = {"batch_size": 64, "shuffle": shuffle}
-    want = _epochs(jaxfeed.make("numpy", dataset=str(big["big"]), **kwargs))
-    source = jaxfeed.make(
-        "torch", dataset=big["url"], storage_options=_opts(big), num_workers=2, **kwargs
+    _torch_workers_read_as(
+        big["big"], big["url"], _opts(big), 3, lambda source: None, batch_size=64, shuffle=shuffle
     )
-    try:
-        assert _same(_epochs(source), want)
-        resumed = [dict(b) for b in source.iter_epoch(1, start=3)]
-        assert _same(resumed, want[len(want) // 2 + 3 :])
-    finally:
-        source.close()
 
 
 def test_a_range_read_cut_short_is_retried_never_served(big):

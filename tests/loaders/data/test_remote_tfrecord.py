@@ -17,7 +17,16 @@ from faulty_proxy import FaultyProxy
 from jaxfeed.loaders.data.formats.example import serialize_example
 from jaxfeed.loaders.data.formats.tfrecord import masked_crc32c
 from jaxfeed.loaders.data.ranged_tfrecord import INDEX_DIR, RangedExamples
-from test_object_storage import BUCKET, _epochs, _reads_as_the_local_copy, _same, store
+from test_object_storage import (
+    BUCKET,
+    _epochs,
+    _fetched_whole,
+    _reads_as_the_local_copy,
+    _refused_under_ranges,
+    _same,
+    _torch_workers_read_as,
+    store,
+)
 
 import jaxfeed
 
@@ -109,18 +118,15 @@ def test_a_tfrecord_split_past_the_cache_is_read_in_place(shards, backend, shuff
 def test_torch_workers_read_tfrecord_in_place(shards):
     """Two torch workers, each opening the store itself and loading the index
     by its path, read the local copy's batches, and resume at batch 2."""
-    kwargs = {"batch_size": BATCH, "shuffle": True}
-    want = _epochs(jaxfeed.make("numpy", dataset=str(shards["tfr"]), **kwargs))
-    source = jaxfeed.make(
-        "torch", dataset=shards["url"], storage_options=_opts(shards), num_workers=2, **kwargs
+    _torch_workers_read_as(
+        shards["tfr"],
+        shards["url"],
+        _opts(shards),
+        2,
+        lambda source: _read_in_place(source, shards),
+        batch_size=BATCH,
+        shuffle=True,
     )
-    try:
-        _read_in_place(source, shards)
-        assert _same(_epochs(source), want)
-        resumed = [dict(b) for b in source.iter_epoch(1, start=2)]
-        assert _same(resumed, want[len(want) // 2 + 2 :])
-    finally:
-        source.close()
 
 
 def test_the_index_is_built_once_per_object_version(shards, tmp_path):
@@ -173,37 +179,22 @@ def test_a_damaged_length_names_the_object_and_its_byte(shards, tmp_path):
     at = 5 * (length + 16)  # record 5's frame (the records are of one length)
     data[at + 8] ^= 0xFF  # its length's CRC
     url = _put(shards, tmp_path, "tfr-damaged/", {"train-0.tfrecord": bytes(data)})
-    shards["env"].setenv("JAXFEED_READ", "ranges")
-    try:
-        with pytest.raises(
-            ValueError,
-            match=rf"tfr-damaged/train-0\.tfrecord, record 5: its length header is damaged "
-            rf"\(at byte {at}\)",
-        ):
-            jaxfeed.load_dataset(url, storage_options=_opts(shards))
-    finally:
-        shards["env"].delenv("JAXFEED_READ")
+    damaged = (
+        rf"tfr-damaged/train-0\.tfrecord, record 5: its length header is damaged "
+        rf"\(at byte {at}\)"
+    )
+    _refused_under_ranges(shards["env"], url, _opts(shards), damaged)
 
 
 def test_gzip_shards_are_named_under_ranges_and_fetched_under_auto(shards, tmp_path):
     """A gzip stream has no random access: such a shard is fetched whole."""
     data = gzip.compress(_tfrecord(_rows(np.random.default_rng(5), 400)))
     url = _put(shards, tmp_path, "tfr-gzip/", {"train-0.tfrecord": data})
-    shards["env"].setenv("JAXFEED_READ", "ranges")
-    try:
-        with pytest.raises(
-            ValueError, match=r"train-0\.tfrecord: it is gzip-compressed.*JAXFEED_READ=whole"
-        ):
-            jaxfeed.load_dataset(url, storage_options=_opts(shards))
-    finally:
-        shards["env"].delenv("JAXFEED_READ")
+    refusal = r"train-0\.tfrecord: it is gzip-compressed.*JAXFEED_READ=whole"
+    _refused_under_ranges(shards["env"], url, _opts(shards), refusal)
     with pytest.raises(ValueError, match=r"more than its bound"):  # auto: the whole fetch
         jaxfeed.load_dataset(url, storage_options=_opts(shards))
-    shards["env"].setenv("JAXFEED_CACHE_BYTES", str(1 << 30))
-    try:
-        whole = jaxfeed.load_dataset(url, storage_options=_opts(shards))
-    finally:
-        shards["env"].setenv("JAXFEED_CACHE_BYTES", str(CACHE_BYTES))
+    whole = _fetched_whole(shards["env"], url, _opts(shards), CACHE_BYTES)
     assert not any(isinstance(f, RangedExamples) for f in whole.arrays.values())
 
 
